@@ -1,0 +1,690 @@
+//! The epoch core of one node: agreement on each next epoch, learning, home leases and activation.
+//!
+//! A pure state machine in the style of quinn-proto's `Connection`: the driver feeds it messages
+//! ([`EpochNode::handle_message`]), operator requests ([`EpochNode::propose`]) and timer expiries
+//! ([`EpochNode::handle_timeout`]), always with the current reading of the node's own clock, and
+//! drains what it produced with [`EpochNode::ready`] and [`EpochNode::poll_event`].
+//!
+//! # The `Ready` contract
+//!
+//! Like raft-rs's `Ready`: the driver sends [`Ready::messages`] at once; makes [`Ready::writes`]
+//! durable, after the writes of every earlier `Ready`; only then sends
+//! [`Ready::persisted_messages`] and calls [`EpochNode::advance`] with the `Ready`'s number. Every
+//! message produced while any write is not yet durable is a persisted message, so nothing another
+//! node can observe ever runs ahead of this node's disk: acceptor replies follow their promise,
+//! lease requests and grants under a new epoch follow the write of that epoch (the floor), and
+//! nothing at all leaves before the incarnation of the run is durable.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use keyhome_ring::{NodeId, Ring};
+
+use crate::change::{Change, ChangeError};
+use crate::message::{Body, Message, Transmit};
+use crate::paxos::{Ballot, Proposer, Step, Vote};
+use crate::record::EpochRecord;
+use crate::storage::{Durable, Write};
+use crate::time::Instant;
+
+/// Switches that each disable one safety rule, so tests can show the simulation notices.
+/// Only in builds with the `bug-injection` feature; every switch is off by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// Acceptor state is not persisted: a restarted acceptor forgets its promises and votes.
+    pub amnesiac_acceptor: bool,
+    /// Acceptors keep renewing home leases of epoch n after accepting a value for n + 1.
+    pub renew_after_accept: bool,
+    /// A node acts as home of a moved key as soon as it learns the epoch.
+    pub skip_activation_wait: bool,
+    /// Learned epochs are not persisted: a restarted node falls back below its floor.
+    pub no_epoch_floor: bool,
+    /// The incarnation is not persisted: a restarted node reuses an old one.
+    pub volatile_incarnation: bool,
+}
+
+/// Settings of one node's epoch core that are not part of the epoch record.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub id: NodeId,
+    /// Seeds the retry jitter. Any value works; distinct nodes should use distinct seeds.
+    pub seed: u64,
+    /// How long a proposer waits for a round before it retries with a higher ballot (plus jitter).
+    pub round_timeout: Duration,
+    /// How long a node waits before asking the same peer again for a newer epoch.
+    pub catch_up_interval: Duration,
+    #[cfg(feature = "bug-injection")]
+    pub bugs: Bugs,
+}
+
+impl Config {
+    /// Defaults suited to a LAN: 200 ms rounds, catch-up at most every 100 ms.
+    pub fn new(id: NodeId, seed: u64) -> Config {
+        Config {
+            id,
+            seed,
+            round_timeout: Duration::from_millis(200),
+            catch_up_interval: Duration::from_millis(100),
+            #[cfg(feature = "bug-injection")]
+            bugs: Bugs::default(),
+        }
+    }
+}
+
+/// The driver's batch of work; see the module documentation for the contract.
+#[derive(Debug, Default)]
+pub struct Ready {
+    /// Numbers `Ready`s in the order they were produced, from 1.
+    pub number: u64,
+    /// Messages to send at once.
+    pub messages: Vec<Transmit>,
+    /// Writes to make durable, in order, after every earlier `Ready`'s writes.
+    pub writes: Vec<Write>,
+    /// Messages to send only once `writes` (and all earlier writes) are durable.
+    pub persisted_messages: Vec<Transmit>,
+}
+
+impl Ready {
+    /// Whether the driver must call [`EpochNode::advance`] for this `Ready`.
+    pub fn needs_advance(&self) -> bool {
+        !self.writes.is_empty() || !self.persisted_messages.is_empty()
+    }
+}
+
+/// Something an operator or the runtime may want to know about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The node learned a newer epoch.
+    Learned { epoch: u64 },
+    /// This node's operator change is part of `epoch`.
+    ProposalApplied { epoch: u64 },
+    /// This node's operator change was given up: another change made it invalid, or it was
+    /// overtaken too many times.
+    ProposalFailed { error: ProposeError },
+}
+
+/// Why an operator change is refused or given up.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProposeError {
+    #[error("this node is not a member of the current epoch {epoch}, so it cannot propose")]
+    NotMember { epoch: u64 },
+    #[error("a change is already in progress on this node; wait for it to finish")]
+    Busy,
+    #[error(transparent)]
+    Change(#[from] ChangeError),
+    #[error("other changes overtook this one {0} times; propose it again")]
+    Overtaken(u32),
+    #[error("this node left the cluster before its change was decided")]
+    Removed,
+}
+
+/// How many times a change is re-applied on top of epochs other proposers got chosen first.
+const MAX_REBASES: u32 = 3;
+/// How many learned epochs a node remembers for activation decisions.
+const HISTORY: usize = 8;
+
+/// An epoch this run learned, with the instant from which it may act as a new home under it.
+#[derive(Clone, Debug)]
+struct Learned {
+    ring: Ring,
+    /// Before this instant, some node may still hold a home lease of an earlier epoch.
+    fence_until: Instant,
+    /// End of this node's home lease under this epoch, once the node has moved past it. (The
+    /// lease of the current epoch is in [`Lease`].)
+    lease_until: Option<Instant>,
+}
+
+/// The home lease this node holds or seeks for its current epoch.
+#[derive(Clone, Debug)]
+struct Lease {
+    epoch: u64,
+    /// End of the lease on this node's clock; `None` before the first majority.
+    valid_until: Option<Instant>,
+    /// Number of the latest request.
+    seq: u64,
+    /// When the latest request was produced; the lease it earns counts from here.
+    sent_at: Instant,
+    /// Members that granted the latest request (sorted).
+    grants: Vec<NodeId>,
+    /// The own grant is owed once every pending write is durable.
+    self_grant_pending: bool,
+    next_request: Instant,
+}
+
+/// This node's operator change in progress.
+#[derive(Clone, Debug)]
+struct Proposal {
+    change: Change,
+    slot: u64,
+    proposer: Proposer<EpochRecord>,
+    retry_at: Instant,
+    attempts: u32,
+    rebases: u32,
+}
+
+/// The epoch core of one node.
+#[derive(Debug)]
+pub struct EpochNode {
+    config: Config,
+    /// What this node has handed out to be persisted (some of it maybe not durable yet).
+    durable: Durable,
+    /// This run's incarnation.
+    incarnation: u64,
+    /// Epochs learned in this run, oldest first; the last one is the current epoch.
+    history: VecDeque<Learned>,
+    lease: Lease,
+    proposal: Option<Proposal>,
+    /// The next activation instant a timer must wake the driver for.
+    wake_at_fence: Option<Instant>,
+    /// Highest round seen in any ballot, so retries outbid it.
+    max_round: u64,
+    /// Last catch-up request: which epoch it asked past, and when.
+    last_catch_up: Option<(u64, Instant)>,
+    /// Messages to self, handled before control returns to the driver.
+    local: VecDeque<Body>,
+    out: Ready,
+    /// `Ready`s handed out with work to persist that were not yet advanced.
+    unadvanced: u64,
+    next_ready: u64,
+    events: VecDeque<Event>,
+    rng: u64,
+}
+
+impl EpochNode {
+    /// Starts a run from the durable state at `now`: takes the next incarnation (to be durable
+    /// before anything is sent) and waits the current epoch's activation wait before acting as home.
+    pub fn start(config: Config, durable: Durable, now: Instant) -> EpochNode {
+        let incarnation = durable.incarnation + 1;
+        let current = durable.current.clone();
+        let mut node = EpochNode {
+            rng: config.seed ^ 0x9e37_79b9_7f4a_7c15,
+            lease: Lease::new(current.number, now),
+            config,
+            durable,
+            incarnation,
+            history: VecDeque::new(),
+            proposal: None,
+            wake_at_fence: None,
+            max_round: 0,
+            last_catch_up: None,
+            local: VecDeque::new(),
+            out: Ready::default(),
+            unadvanced: 0,
+            next_ready: 1,
+            events: VecDeque::new(),
+        };
+        if !node.bugs().volatile_incarnation {
+            node.write(Write::Incarnation(incarnation));
+        }
+        node.remember(&current, now);
+        node.request_lease(now);
+        node
+    }
+
+    // ---- queries ----
+
+    pub fn id(&self) -> NodeId {
+        self.config.id
+    }
+
+    /// This run's incarnation: larger than every earlier run's, once the start's write is durable.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The newest epoch this node knows.
+    pub fn current(&self) -> &EpochRecord {
+        &self.durable.current
+    }
+
+    /// The digest of the genesis epoch this node belongs to.
+    pub fn genesis_digest(&self) -> [u8; 32] {
+        self.durable.genesis_digest
+    }
+
+    /// The end of the home lease for the current epoch, if this node holds one.
+    pub fn lease_until(&self, now: Instant) -> Option<Instant> {
+        self.lease.valid_until.filter(|&until| self.lease.epoch == self.current().number && now < until)
+    }
+
+    /// Whether this node may act as a home under its current epoch at `now`.
+    pub fn holds_lease(&self, now: Instant) -> bool {
+        self.lease_until(now).is_some()
+    }
+
+    /// Whether this node may grant `key` at `now`: it is the key's home, it holds a home lease,
+    /// and no node can still be a granting home of the key under an earlier epoch.
+    ///
+    /// Across a run of epochs, newest first, in each of which this node is the key's home, one
+    /// valid lease of any of them and one passed activation instant of any of them suffice: every
+    /// other node that was ever the key's home was so before that run, and the passed activation
+    /// instant means its leases ran out, while no lease of an epoch in the run can be renewed once
+    /// the epoch after it is chosen. So a key that keeps its home keeps working through a change.
+    pub fn home_active(&self, now: Instant, key: &[u8]) -> bool {
+        let (mut leased, mut fenced) = (false, false);
+        for (i, learned) in self.history.iter().rev().enumerate() {
+            if learned.ring.home(key) != Some(self.config.id) {
+                break;
+            }
+            let lease_until = if i == 0 { self.lease_until(now) } else { learned.lease_until };
+            leased |= lease_until.is_some_and(|until| now < until);
+            fenced |= now >= learned.fence_until;
+            if leased && fenced {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// The earliest instant at which [`EpochNode::handle_timeout`] must be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut next = None;
+        let mut consider = |t: Instant| next = Some(next.map_or(t, |n: Instant| n.min(t)));
+        if self.is_member() {
+            consider(self.lease.next_request);
+        }
+        if let Some(p) = &self.proposal {
+            consider(p.retry_at);
+        }
+        // Activation, so drivers that look only on events see a new home start on time.
+        if let Some(at) = self.wake_at_fence {
+            consider(at);
+        }
+        next
+    }
+
+    /// The next event, if any.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    // ---- inputs ----
+
+    /// Handles a message from `from` (authenticated by the driver).
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, message: Message) {
+        self.catch_up_if_behind(now, from, message.epoch);
+        self.handle_body(now, from, message.epoch, message.body);
+        self.drain_local(now);
+    }
+
+    /// Handles timer expiry; harmless to call early or often.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.wake_at_fence = self.wake_at_fence.filter(|&at| now < at);
+        if self.is_member() && now >= self.lease.next_request {
+            self.request_lease(now);
+        }
+        let retry = self.proposal.as_ref().is_some_and(|p| now >= p.retry_at);
+        if retry {
+            self.retry_proposal(now);
+        }
+        self.drain_local(now);
+    }
+
+    /// Starts an operator change on top of the current epoch.
+    pub fn propose(&mut self, now: Instant, change: Change) -> Result<(), ProposeError> {
+        if !self.is_member() {
+            return Err(ProposeError::NotMember { epoch: self.current().number });
+        }
+        if self.proposal.is_some() {
+            return Err(ProposeError::Busy);
+        }
+        let value = self.next_value(&change, now)?;
+        self.begin_proposal(now, change, value, 0);
+        self.drain_local(now);
+        Ok(())
+    }
+
+    /// Takes what the core produced since the last call.
+    pub fn ready(&mut self) -> Option<Ready> {
+        let out = &self.out;
+        if out.messages.is_empty() && out.writes.is_empty() && out.persisted_messages.is_empty() {
+            return None;
+        }
+        let mut ready = std::mem::take(&mut self.out);
+        ready.number = self.next_ready;
+        self.next_ready += 1;
+        if ready.needs_advance() {
+            self.unadvanced += 1;
+        }
+        Some(ready)
+    }
+
+    /// The driver made `Ready` number `number` durable and sent its persisted messages.
+    pub fn advance(&mut self, number: u64) {
+        debug_assert!(number < self.next_ready);
+        self.unadvanced = self.unadvanced.saturating_sub(1);
+        if self.unadvanced == 0 && self.out.writes.is_empty() && self.lease.self_grant_pending {
+            self.lease.self_grant_pending = false;
+            let seq = self.lease.seq;
+            if self.grants_lease(self.current().number) {
+                self.count_grant(self.config.id, seq);
+            }
+        }
+    }
+
+    // ---- message handling ----
+
+    fn handle_body(&mut self, now: Instant, from: NodeId, epoch: u64, body: Body) {
+        let current = self.current().number;
+        match body {
+            Body::Prepare { slot, ballot } => {
+                self.max_round = self.max_round.max(ballot.round);
+                if slot <= current {
+                    self.send(from, Body::Chosen(self.current().clone()));
+                } else if self.is_acceptor_for(slot, from) {
+                    let (vote, changed) = self.durable.acceptor.on_prepare(ballot);
+                    self.persist_acceptor(slot, changed);
+                    self.send(from, Body::Vote { slot, vote });
+                }
+            }
+            Body::Accept { slot, ballot, value } => {
+                self.max_round = self.max_round.max(ballot.round);
+                if slot <= current {
+                    self.send(from, Body::Chosen(self.current().clone()));
+                } else if value.number == slot && value.validate().is_ok() && self.is_acceptor_for(slot, from)
+                {
+                    let (vote, changed) = self.durable.acceptor.on_accept(ballot, &value);
+                    self.persist_acceptor(slot, changed);
+                    self.send(from, Body::Vote { slot, vote });
+                }
+            }
+            Body::Vote { slot, vote } => self.handle_vote(now, from, slot, vote),
+            Body::Chosen(record) => {
+                if record.number > current && record.validate().is_ok() {
+                    self.learn(now, record);
+                }
+            }
+            Body::CatchUp => {
+                if epoch < current {
+                    self.send(from, Body::Chosen(self.current().clone()));
+                }
+            }
+            Body::LeaseRequest { seq } => {
+                if epoch < current {
+                    self.send(from, Body::Chosen(self.current().clone()));
+                } else if epoch == current && self.current().is_member(from) && self.grants_lease(epoch) {
+                    self.send(from, Body::LeaseGrant { seq });
+                }
+            }
+            Body::LeaseGrant { seq } => {
+                if epoch == self.lease.epoch && epoch == current {
+                    self.count_grant(from, seq);
+                }
+            }
+        }
+    }
+
+    fn handle_vote(&mut self, now: Instant, from: NodeId, slot: u64, vote: Vote<EpochRecord>) {
+        if let Vote::Reject { promised, .. } = &vote {
+            self.max_round = self.max_round.max(promised.round);
+        }
+        if let Vote::Promise { accepted: Some((_, value)), .. } = &vote {
+            if value.number != slot || value.validate().is_err() {
+                return;
+            }
+        }
+        let Some(p) = self.proposal.as_mut().filter(|p| p.slot == slot) else { return };
+        match p.proposer.on_vote(from, vote) {
+            Step::Wait => {}
+            Step::Accept(value) => {
+                let ballot = p.proposer.ballot();
+                let acceptors = p.proposer.acceptors().to_vec();
+                for to in acceptors {
+                    self.send(to, Body::Accept { slot, ballot, value: value.clone() });
+                }
+            }
+            Step::Chosen(value) => {
+                let mut to: Vec<NodeId> = self.current().member_ids().chain(value.member_ids()).collect();
+                to.sort();
+                to.dedup();
+                for peer in to {
+                    self.send(peer, Body::Chosen(value.clone()));
+                }
+            }
+            // Retry soon, with a ballot above the one that beat this round.
+            Step::Outbid(_) => p.retry_at = p.retry_at.min(now + self.config.round_timeout / 4),
+        }
+    }
+
+    /// Whether this node is an acceptor for `slot` and `from` may propose in it.
+    fn is_acceptor_for(&self, slot: u64, from: NodeId) -> bool {
+        let current = self.current();
+        slot == current.number + 1 && current.is_member(self.config.id) && current.is_member(from)
+    }
+
+    /// Whether this node, as an acceptor of `epoch + 1`, may renew home leases of `epoch`.
+    fn grants_lease(&self, epoch: u64) -> bool {
+        let current = self.current();
+        epoch == current.number
+            && current.is_member(self.config.id)
+            && (self.durable.acceptor.accepted.is_none() || self.bugs().renew_after_accept)
+    }
+
+    fn catch_up_if_behind(&mut self, now: Instant, from: NodeId, their_epoch: u64) {
+        if their_epoch <= self.current().number {
+            return;
+        }
+        let recent = self
+            .last_catch_up
+            .is_some_and(|(asked, at)| asked >= their_epoch && now < at + self.config.catch_up_interval);
+        if !recent {
+            self.last_catch_up = Some((their_epoch, now));
+            self.send(from, Body::CatchUp);
+        }
+    }
+
+    // ---- learning and activation ----
+
+    /// Adopts a chosen epoch newer than the current one.
+    fn learn(&mut self, now: Instant, record: EpochRecord) {
+        if !self.bugs().no_epoch_floor {
+            self.write(Write::Epoch(record.clone()));
+        }
+        self.durable.apply(&Write::Epoch(record.clone()));
+        let number = record.number;
+        self.events.push_back(Event::Learned { epoch: number });
+        if let Some(previous) = self.history.back_mut() {
+            previous.lease_until = self.lease.valid_until;
+        }
+        self.remember(&record, now);
+        self.lease = Lease::new(number, now);
+        self.request_lease(now);
+        self.settle_proposal(now);
+    }
+
+    fn remember(&mut self, record: &EpochRecord, now: Instant) {
+        let wait = if self.bugs().skip_activation_wait { Duration::ZERO } else { record.activation_wait };
+        let ring = record.ring();
+        if self.history.len() == HISTORY {
+            self.history.pop_front();
+        }
+        let fence_until = now + wait;
+        self.wake_at_fence = (wait > Duration::ZERO).then_some(fence_until);
+        self.history.push_back(Learned { ring, fence_until, lease_until: None });
+    }
+
+    // ---- home lease ----
+
+    fn is_member(&self) -> bool {
+        self.current().is_member(self.config.id)
+    }
+
+    /// Sends a new lease request to every other member and counts the own grant.
+    fn request_lease(&mut self, now: Instant) {
+        if !self.is_member() {
+            return;
+        }
+        let epoch = self.current().number;
+        let renew_every = self.current().timing.home_lease / 4;
+        let lease = &mut self.lease;
+        lease.seq += 1;
+        lease.sent_at = now;
+        lease.grants.clear();
+        lease.next_request = now + renew_every;
+        let seq = lease.seq;
+        let others: Vec<NodeId> = self.current().member_ids().filter(|&m| m != self.config.id).collect();
+        for to in others {
+            self.send(to, Body::LeaseRequest { seq });
+        }
+        // The own vote, like a remote one, must not count before this node's writes are durable.
+        if self.unadvanced > 0 || !self.out.writes.is_empty() {
+            self.lease.self_grant_pending = true;
+        } else if self.grants_lease(epoch) {
+            self.count_grant(self.config.id, seq);
+        }
+    }
+
+    fn count_grant(&mut self, from: NodeId, seq: u64) {
+        let majority = self.current().majority();
+        let home_lease = self.current().timing.home_lease;
+        let lease = &mut self.lease;
+        if seq != lease.seq {
+            return;
+        }
+        if let Err(i) = lease.grants.binary_search(&from) {
+            lease.grants.insert(i, from);
+        }
+        if lease.grants.len() >= majority {
+            let until = lease.sent_at + home_lease;
+            lease.valid_until = Some(lease.valid_until.map_or(until, |u| u.max(until)));
+        }
+    }
+
+    // ---- proposals ----
+
+    /// The record that `change` makes of the current epoch, with its activation wait.
+    fn next_value(&self, change: &Change, now: Instant) -> Result<EpochRecord, ChangeError> {
+        let current = self.current();
+        let mut next = change.apply(current)?;
+        // Home leases of the current epoch may outlast the choice of the next by this much.
+        let lease_bound = current.timing.home_lease_bound();
+        // Leases of earlier epochs may still run if this node's own wait for them has not ended.
+        let earlier = match self.history.back() {
+            Some(learned) if now >= learned.fence_until => Duration::ZERO,
+            _ => current.activation_wait,
+        };
+        next.activation_wait = lease_bound.max(earlier);
+        Ok(next)
+    }
+
+    fn begin_proposal(&mut self, now: Instant, change: Change, value: EpochRecord, rebases: u32) {
+        let slot = value.number;
+        self.proposal = Some(Proposal {
+            change,
+            slot,
+            proposer: Proposer::new(self.next_ballot(), value, self.current().member_ids()),
+            retry_at: now,
+            attempts: 0,
+            rebases,
+        });
+        self.retry_proposal(now);
+    }
+
+    fn next_ballot(&mut self) -> Ballot {
+        self.max_round += 1;
+        Ballot { round: self.max_round, proposer: self.config.id }
+    }
+
+    /// Starts the next round of the proposal (the first one too).
+    fn retry_proposal(&mut self, now: Instant) {
+        let ballot = self.next_ballot();
+        let jitter = self.jitter();
+        let Some(p) = self.proposal.as_mut() else { return };
+        let value = p.proposer.own_value().clone();
+        p.proposer = Proposer::new(ballot, value, p.proposer.acceptors().to_vec());
+        p.attempts += 1;
+        p.retry_at = now + self.config.round_timeout + jitter;
+        let slot = p.slot;
+        for to in p.proposer.acceptors().to_vec() {
+            self.send(to, Body::Prepare { slot, ballot });
+        }
+    }
+
+    /// A random share of one round timeout, to break duels between proposers.
+    fn jitter(&mut self) -> Duration {
+        // splitmix64
+        self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        let span = u64::try_from(self.config.round_timeout.as_nanos()).unwrap_or(u64::MAX).max(1);
+        Duration::from_nanos(z % span)
+    }
+
+    /// After learning an epoch: finish, re-apply or give up this node's change.
+    fn settle_proposal(&mut self, now: Instant) {
+        let current = self.current().number;
+        let Some(p) = self.proposal.take_if(|p| p.slot <= current) else { return };
+        if p.change.is_reflected_in(self.current()) {
+            let epoch = self.current().number;
+            self.events.push_back(Event::ProposalApplied { epoch });
+            return;
+        }
+        let outcome = if !self.is_member() {
+            Err(ProposeError::Removed)
+        } else if p.rebases >= MAX_REBASES {
+            Err(ProposeError::Overtaken(p.rebases))
+        } else {
+            self.next_value(&p.change, now).map_err(ProposeError::from)
+        };
+        match outcome {
+            Ok(value) => self.begin_proposal(now, p.change, value, p.rebases + 1),
+            Err(error) => self.events.push_back(Event::ProposalFailed { error }),
+        }
+    }
+
+    // ---- output ----
+
+    fn bugs(&self) -> Bugs {
+        #[cfg(feature = "bug-injection")]
+        return self.config.bugs;
+        #[cfg(not(feature = "bug-injection"))]
+        Bugs::default()
+    }
+
+    fn persist_acceptor(&mut self, slot: u64, changed: bool) {
+        if changed && !self.bugs().amnesiac_acceptor {
+            self.write(Write::Acceptor { slot, state: self.durable.acceptor.clone() });
+        }
+    }
+
+    fn write(&mut self, write: Write) {
+        self.out.writes.push(write);
+    }
+
+    fn send(&mut self, to: NodeId, body: Body) {
+        if to == self.config.id {
+            self.local.push_back(body);
+            return;
+        }
+        let message = Message { epoch: self.current().number, body };
+        let transmit = Transmit { to, message };
+        if self.unadvanced > 0 || !self.out.writes.is_empty() {
+            self.out.persisted_messages.push(transmit);
+        } else {
+            self.out.messages.push(transmit);
+        }
+    }
+
+    fn drain_local(&mut self, now: Instant) {
+        while let Some(body) = self.local.pop_front() {
+            let epoch = self.current().number;
+            self.handle_body(now, self.config.id, epoch, body);
+        }
+    }
+}
+
+impl Lease {
+    fn new(epoch: u64, now: Instant) -> Lease {
+        Lease {
+            epoch,
+            valid_until: None,
+            seq: 0,
+            sent_at: now,
+            grants: Vec::new(),
+            self_grant_pending: false,
+            next_request: now,
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! The epoch record: what one membership epoch fixes, and the checks every received record passes.
+
+use std::time::Duration;
+
+use keyhome_ring::{NodeId, ROUTING_VERSION, Ring};
+use serde::{Deserialize, Serialize};
+
+use crate::time::rate_margin;
+
+/// Most members an epoch may name.
+pub const MAX_MEMBERS: usize = 1024;
+/// Longest member address, in bytes.
+pub const MAX_ADDR_LEN: usize = 255;
+/// Shortest home lease an epoch may set.
+pub const MIN_HOME_LEASE: Duration = Duration::from_millis(10);
+/// Longest home lease or delegation lease an epoch may set.
+pub const MAX_LEASE: Duration = Duration::from_secs(3600);
+/// Largest clock-rate bound an epoch may set: 10 %.
+pub const MAX_CLOCK_RATE_PPM: u32 = 100_000;
+
+/// One member of an epoch: its identity (from its certificate) and where peers reach it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Member {
+    pub id: NodeId,
+    /// `host:port` of the member's peer endpoint.
+    pub addr: String,
+}
+
+/// The timing every member of an epoch runs by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Timing {
+    /// How long a home lease lasts, counted by the holder from the instant it sent the request.
+    pub home_lease: Duration,
+    /// The longest delegation a home may grant under this epoch.
+    pub max_delegation_lease: Duration,
+    /// Bound on how far any node's clock rate may stray from real time, in parts per million.
+    pub clock_rate_ppm: u32,
+}
+
+impl Timing {
+    /// Defaults for a production cluster: 10 s home lease, 30 s delegations, 1 % clock-rate bound.
+    pub const DEFAULT: Timing = Timing {
+        home_lease: Duration::from_secs(10),
+        max_delegation_lease: Duration::from_secs(30),
+        clock_rate_ppm: 10_000,
+    };
+
+    /// How long, on any node's own clock, a home lease of this epoch can outlive its holder's
+    /// last renewal as seen by an acceptor: the lease widened by the clock-rate bound.
+    pub fn home_lease_bound(&self) -> Duration {
+        rate_margin(self.home_lease, self.clock_rate_ppm)
+    }
+
+    /// Checks the ranges; see the `MIN_`/`MAX_` constants.
+    pub fn validate(&self) -> Result<(), RecordError> {
+        if self.home_lease < MIN_HOME_LEASE || self.home_lease > MAX_LEASE {
+            return Err(RecordError::HomeLease(self.home_lease));
+        }
+        if self.max_delegation_lease.is_zero() || self.max_delegation_lease > MAX_LEASE {
+            return Err(RecordError::DelegationLease(self.max_delegation_lease));
+        }
+        if self.clock_rate_ppm > MAX_CLOCK_RATE_PPM {
+            return Err(RecordError::ClockRate(self.clock_rate_ppm));
+        }
+        Ok(())
+    }
+}
+
+impl Default for Timing {
+    fn default() -> Timing {
+        Timing::DEFAULT
+    }
+}
+
+/// One membership epoch, as chosen by the agreement among the previous epoch's members.
+///
+/// Invariants (checked by [`EpochRecord::validate`]): `number >= 1`; members sorted by id, ids
+/// unique, 1 to [`MAX_MEMBERS`] of them, addresses non-empty and at most [`MAX_ADDR_LEN`] bytes;
+/// timing in range.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct EpochRecord {
+    /// Epoch number; the genesis is 1.
+    pub number: u64,
+    pub members: Vec<Member>,
+    /// The ring algorithm every member routes by ([`keyhome_ring::ROUTING_VERSION`]).
+    pub ring_version: u32,
+    pub timing: Timing,
+    /// How long a node waits, on its own clock, after learning this epoch before it acts as home
+    /// of a key whose home it was not in the epoch before: long enough that every home lease of an
+    /// earlier epoch has run out everywhere. Zero for the genesis.
+    pub activation_wait: Duration,
+}
+
+/// Why a record, or a change to one, is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("epoch number 0 is not valid; the genesis is epoch 1")]
+    ZeroNumber,
+    #[error("an epoch needs at least one member")]
+    NoMembers,
+    #[error("an epoch may have at most {MAX_MEMBERS} members, not {0}")]
+    TooManyMembers(usize),
+    #[error("member {0} is listed twice")]
+    DuplicateMember(NodeId),
+    #[error("members must be sorted by id")]
+    Unsorted,
+    #[error("member {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
+    BadAddress { id: NodeId },
+    #[error("address {addr} is already used by member {id}")]
+    AddressInUse { id: NodeId, addr: String },
+    #[error("ring version {0} differs from this binary's {ROUTING_VERSION}")]
+    RingVersion(u32),
+    #[error("home lease {0:?} is outside 10 ms ..= 1 h")]
+    HomeLease(Duration),
+    #[error("delegation lease {0:?} is outside (0, 1 h]")]
+    DelegationLease(Duration),
+    #[error("clock-rate bound {0} ppm exceeds {MAX_CLOCK_RATE_PPM} ppm")]
+    ClockRate(u32),
+}
+
+impl EpochRecord {
+    /// The genesis epoch: number 1 with the given members (sorted by id here) and timing.
+    pub fn genesis(mut members: Vec<Member>, timing: Timing) -> Result<EpochRecord, RecordError> {
+        members.sort_by_key(|m| m.id);
+        let record = EpochRecord {
+            number: 1,
+            members,
+            ring_version: ROUTING_VERSION,
+            timing,
+            activation_wait: Duration::ZERO,
+        };
+        record.validate()?;
+        Ok(record)
+    }
+
+    /// Checks every invariant; run on each record that arrives from the network or a file.
+    pub fn validate(&self) -> Result<(), RecordError> {
+        if self.number == 0 {
+            return Err(RecordError::ZeroNumber);
+        }
+        if self.members.is_empty() {
+            return Err(RecordError::NoMembers);
+        }
+        if self.members.len() > MAX_MEMBERS {
+            return Err(RecordError::TooManyMembers(self.members.len()));
+        }
+        for pair in self.members.windows(2) {
+            if pair[0].id == pair[1].id {
+                return Err(RecordError::DuplicateMember(pair[0].id));
+            }
+            if pair[0].id > pair[1].id {
+                return Err(RecordError::Unsorted);
+            }
+        }
+        for m in &self.members {
+            if m.addr.is_empty() || m.addr.len() > MAX_ADDR_LEN {
+                return Err(RecordError::BadAddress { id: m.id });
+            }
+        }
+        if self.ring_version != ROUTING_VERSION {
+            return Err(RecordError::RingVersion(self.ring_version));
+        }
+        self.timing.validate()
+    }
+
+    /// A digest of the whole record that peers compare (the genesis digest in particular).
+    pub fn digest(&self) -> [u8; 32] {
+        let mut hasher = blake3::Hasher::new_derive_key("keyhome epoch record v1");
+        // postcard encoding of plain data into a Vec cannot fail.
+        let bytes = postcard::to_stdvec(self).unwrap_or_default();
+        hasher.update(&bytes);
+        *hasher.finalize().as_bytes()
+    }
+
+    /// Whether `id` is a member.
+    pub fn is_member(&self, id: NodeId) -> bool {
+        self.members.binary_search_by_key(&id, |m| m.id).is_ok()
+    }
+
+    /// The member ids, sorted.
+    pub fn member_ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.members.iter().map(|m| m.id)
+    }
+
+    /// How many members make a majority.
+    pub fn majority(&self) -> usize {
+        self.members.len() / 2 + 1
+    }
+
+    /// The home ring of this epoch.
+    pub fn ring(&self) -> Ring {
+        Ring::new(&self.member_ids().collect::<Vec<_>>())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn members(ids: &[u64]) -> Vec<Member> {
+        ids.iter().map(|&id| Member { id: NodeId(id), addr: format!("127.0.0.1:{}", 7000 + id) }).collect()
+    }
+
+    #[test]
+    fn genesis_sorts_and_validates() {
+        let g = EpochRecord::genesis(members(&[3, 1, 2]), Timing::DEFAULT).unwrap();
+        assert_eq!(g.number, 1);
+        assert_eq!(g.member_ids().collect::<Vec<_>>(), vec![NodeId(1), NodeId(2), NodeId(3)]);
+        assert_eq!(g.majority(), 2);
+        assert!(g.is_member(NodeId(2)) && !g.is_member(NodeId(4)));
+    }
+
+    #[test]
+    fn invalid_records_are_refused() {
+        assert_eq!(EpochRecord::genesis(vec![], Timing::DEFAULT), Err(RecordError::NoMembers));
+        assert_eq!(
+            EpochRecord::genesis(members(&[1, 1]), Timing::DEFAULT),
+            Err(RecordError::DuplicateMember(NodeId(1)))
+        );
+        let mut bad = members(&[1]);
+        bad[0].addr = "x".repeat(MAX_ADDR_LEN + 1);
+        assert_eq!(
+            EpochRecord::genesis(bad, Timing::DEFAULT),
+            Err(RecordError::BadAddress { id: NodeId(1) })
+        );
+        let timing = Timing { clock_rate_ppm: MAX_CLOCK_RATE_PPM + 1, ..Timing::DEFAULT };
+        assert!(matches!(EpochRecord::genesis(members(&[1]), timing), Err(RecordError::ClockRate(_))));
+        let mut g = EpochRecord::genesis(members(&[1, 2]), Timing::DEFAULT).unwrap();
+        g.members.swap(0, 1);
+        assert_eq!(g.validate(), Err(RecordError::Unsorted));
+    }
+
+    #[test]
+    fn digest_covers_every_field() {
+        let g = EpochRecord::genesis(members(&[1, 2, 3]), Timing::DEFAULT).unwrap();
+        let mut other = g.clone();
+        other.timing.clock_rate_ppm += 1;
+        assert_ne!(g.digest(), other.digest());
+        assert_eq!(g.digest(), g.clone().digest());
+    }
+}

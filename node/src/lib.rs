@@ -1,0 +1,1 @@
+//! The keyhome node: owns all I/O around the protocol cores.

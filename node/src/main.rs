@@ -1,0 +1,3 @@
+fn main() {
+    println!("keyhome {}", env!("CARGO_PKG_VERSION"));
+}

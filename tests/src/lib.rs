@@ -1,0 +1,1 @@
+//! Deterministic simulation of keyhome clusters.
