@@ -151,10 +151,12 @@ struct Lease {
     next_request: Instant,
 }
 
-/// This node's operator change in progress.
+/// This node's proposal in progress.
 #[derive(Clone, Debug)]
 struct Proposal {
-    change: Change,
+    /// The operator change, or `None` when the node drives a value it accepted to a decision
+    /// because its proposer went quiet.
+    change: Option<Change>,
     slot: u64,
     proposer: Proposer<EpochRecord>,
     retry_at: Instant,
@@ -174,6 +176,10 @@ pub struct EpochNode {
     history: VecDeque<Learned>,
     lease: Lease,
     proposal: Option<Proposal>,
+    /// When to start driving the value this acceptor accepted for the next slot to a decision, if
+    /// nobody has decided the slot by then. Accepting a value stops lease renewals of the current
+    /// epoch, so a half-done change must not be left alone.
+    recover_at: Option<Instant>,
     /// The next activation instant a timer must wake the driver for.
     wake_at_fence: Option<Instant>,
     /// Highest round seen in any ballot, so retries outbid it.
@@ -204,6 +210,7 @@ impl EpochNode {
             incarnation,
             history: VecDeque::new(),
             proposal: None,
+            recover_at: None,
             wake_at_fence: None,
             max_round: 0,
             last_catch_up: None,
@@ -218,6 +225,9 @@ impl EpochNode {
         }
         node.remember(&current, now);
         node.request_lease(now);
+        if node.durable.acceptor.accepted.is_some() {
+            node.schedule_recovery(now);
+        }
         node
     }
 
@@ -285,6 +295,8 @@ impl EpochNode {
         }
         if let Some(p) = &self.proposal {
             consider(p.retry_at);
+        } else if let Some(at) = self.recover_at {
+            consider(at);
         }
         // Activation, so drivers that look only on events see a new home start on time.
         if let Some(at) = self.wake_at_fence {
@@ -317,6 +329,12 @@ impl EpochNode {
         if retry {
             self.retry_proposal(now);
         }
+        if self.proposal.is_none() && self.recover_at.is_some_and(|at| now >= at) {
+            self.recover_at = None;
+            if let Some((_, value)) = self.durable.acceptor.accepted.clone() {
+                self.begin_proposal(now, None, value, 0);
+            }
+        }
         self.drain_local(now);
     }
 
@@ -329,7 +347,7 @@ impl EpochNode {
             return Err(ProposeError::Busy);
         }
         let value = self.next_value(&change, now)?;
-        self.begin_proposal(now, change, value, 0);
+        self.begin_proposal(now, Some(change), value, 0);
         self.drain_local(now);
         Ok(())
     }
@@ -385,6 +403,9 @@ impl EpochNode {
                 {
                     let (vote, changed) = self.durable.acceptor.on_accept(ballot, &value);
                     self.persist_acceptor(slot, changed);
+                    if changed {
+                        self.schedule_recovery(now);
+                    }
                     self.send(from, Body::Vote { slot, vote });
                 }
             }
@@ -567,7 +588,13 @@ impl EpochNode {
         Ok(next)
     }
 
-    fn begin_proposal(&mut self, now: Instant, change: Change, value: EpochRecord, rebases: u32) {
+    /// Arms the recovery of an accepted value: a few rounds from now, spread by jitter.
+    fn schedule_recovery(&mut self, now: Instant) {
+        let jitter = self.jitter();
+        self.recover_at = Some(now + self.config.round_timeout * 3 + jitter);
+    }
+
+    fn begin_proposal(&mut self, now: Instant, change: Option<Change>, value: EpochRecord, rebases: u32) {
         let slot = value.number;
         self.proposal = Some(Proposal {
             change,
@@ -615,8 +642,10 @@ impl EpochNode {
     /// After learning an epoch: finish, re-apply or give up this node's change.
     fn settle_proposal(&mut self, now: Instant) {
         let current = self.current().number;
+        self.recover_at = None;
         let Some(p) = self.proposal.take_if(|p| p.slot <= current) else { return };
-        if p.change.is_reflected_in(self.current()) {
+        let Some(change) = p.change else { return };
+        if change.is_reflected_in(self.current()) {
             let epoch = self.current().number;
             self.events.push_back(Event::ProposalApplied { epoch });
             return;
@@ -626,10 +655,10 @@ impl EpochNode {
         } else if p.rebases >= MAX_REBASES {
             Err(ProposeError::Overtaken(p.rebases))
         } else {
-            self.next_value(&p.change, now).map_err(ProposeError::from)
+            self.next_value(&change, now).map_err(ProposeError::from)
         };
         match outcome {
-            Ok(value) => self.begin_proposal(now, p.change, value, p.rebases + 1),
+            Ok(value) => self.begin_proposal(now, Some(change), value, p.rebases + 1),
             Err(error) => self.events.push_back(Event::ProposalFailed { error }),
         }
     }

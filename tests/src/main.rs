@@ -1,1 +1,185 @@
-fn main() {}
+//! `keyhome-sim`: runs many seeds of the whole-cluster simulation.
+//!
+//! ```text
+//! cargo run --release -p keyhome-sim -- --seeds 20000          # seeds 0..20000
+//! cargo run --release -p keyhome-sim -- --seed 1234            # replay one seed, with details
+//! cargo run --release -p keyhome-sim -- --seeds 2000 --bug activation-wait   # see a bug caught
+//! ```
+//! The last line is always `seeds: N violations: V rate: R seeds/s`.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use keyhome_epoch::Bugs;
+use keyhome_sim::{Options, Report, run_seed};
+
+const USAGE: &str = "usage: keyhome-sim [--seeds N] [--start S] [--seed S] [--members M] [--threads T] [--bug NAME] [--hostile] [--stats] [--trace]
+  --seeds N     run N seeds (default 1000), starting at --start (default 0)
+  --seed S      run the single seed S and print its details
+  --members M   fix the number of genesis members (3..=7; default: drawn per seed)
+  --threads T   worker threads (default: available cores)
+  --bug NAME    switch off one safety rule: acceptor-durability, renewal-cutoff,
+                activation-wait, epoch-floor, incarnation
+  --stats       print latency and message statistics
+  --hostile     full-strength nemeses and more changes in every seed
+  --trace       print every event (use with --seed)";
+
+struct Args {
+    start: u64,
+    count: u64,
+    single: bool,
+    threads: usize,
+    options: Options,
+    bug: Option<String>,
+    stats: bool,
+}
+
+/// Parses the command line; `Err` carries the message to print.
+fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut parsed = Args {
+        start: 0,
+        count: 1000,
+        single: false,
+        threads,
+        options: Options::default(),
+        bug: None,
+        stats: false,
+    };
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
+        let number =
+            |name: &str, v: String| v.parse::<u64>().map_err(|_| format!("{name}: not a number: {v}"));
+        match arg.as_str() {
+            "--seeds" => parsed.count = number("--seeds", value("--seeds")?)?,
+            "--start" => parsed.start = number("--start", value("--start")?)?,
+            "--seed" => {
+                parsed.start = number("--seed", value("--seed")?)?;
+                parsed.count = 1;
+                parsed.single = true;
+            }
+            "--members" => {
+                let m = number("--members", value("--members")?)?;
+                if !(3..=7).contains(&m) {
+                    return Err("--members must be 3 to 7".into());
+                }
+                parsed.options.members = Some(m as usize);
+            }
+            "--threads" => parsed.threads = number("--threads", value("--threads")?)?.clamp(1, 64) as usize,
+            "--bug" => {
+                let name = value("--bug")?;
+                parsed.options.bugs = bug(&name)?;
+                parsed.bug = Some(name);
+            }
+            "--stats" => parsed.stats = true,
+            "--trace" => parsed.options.trace = true,
+            "--hostile" => parsed.options.hostile = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    Ok(parsed)
+}
+
+/// The switch named `name`.
+pub fn bug(name: &str) -> Result<Bugs, String> {
+    let mut bugs = Bugs::default();
+    match name {
+        "acceptor-durability" => bugs.amnesiac_acceptor = true,
+        "renewal-cutoff" => bugs.renew_after_accept = true,
+        "activation-wait" => bugs.skip_activation_wait = true,
+        "epoch-floor" => bugs.no_epoch_floor = true,
+        "incarnation" => bugs.volatile_incarnation = true,
+        _ => return Err(format!("unknown bug {name}\n{USAGE}")),
+    }
+    Ok(bugs)
+}
+
+fn replay_command(seed: u64, args: &Args) -> String {
+    let mut cmd = format!("cargo run --release -p keyhome-sim -- --seed {seed}");
+    if let Some(m) = args.options.members {
+        cmd += &format!(" --members {m}");
+    }
+    if args.options.hostile {
+        cmd += " --hostile";
+    }
+    if let Some(b) = &args.bug {
+        cmd += &format!(" --bug {b}");
+    }
+    cmd
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() -> ExitCode {
+    let args = match parse(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(msg) => {
+            eprintln!("{msg}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let next = AtomicU64::new(args.start);
+    let end = args.start + args.count;
+    let reports: Arc<Mutex<Vec<Report>>> = Arc::new(Mutex::new(Vec::new()));
+    std::thread::scope(|s| {
+        for _ in 0..args.threads.min(args.count.max(1) as usize) {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= end {
+                        break;
+                    }
+                    let report = run_seed(seed, &args.options);
+                    reports.lock().unwrap_or_else(|e| e.into_inner()).push(report);
+                }
+            });
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    let mut reports = std::mem::take(&mut *reports.lock().unwrap_or_else(|e| e.into_inner()));
+    reports.sort_by_key(|r| r.seed);
+
+    let failed: Vec<&Report> = reports.iter().filter(|r| !r.violations.is_empty()).collect();
+    for r in failed.iter().take(20) {
+        println!("seed {} FAILED: {}", r.seed, r.violations[0]);
+        println!("  replay: {}", replay_command(r.seed, &args));
+    }
+    if failed.len() > 20 {
+        println!("... and {} more failed seeds", failed.len() - 20);
+    }
+    if args.single || args.stats {
+        let mut latencies: Vec<Duration> =
+            reports.iter().flat_map(|r| r.stats.change_latencies.clone()).collect();
+        latencies.sort();
+        let sum = |f: fn(&Report) -> u64| reports.iter().map(f).sum::<u64>();
+        println!(
+            "events: {} messages: {} acceptor writes: {} epochs chosen: {} proposals failed: {}",
+            sum(|r| r.stats.events),
+            sum(|r| r.stats.messages),
+            sum(|r| r.stats.acceptor_writes),
+            sum(|r| r.stats.epochs_chosen),
+            sum(|r| r.stats.proposals_failed)
+        );
+        println!(
+            "change latency (propose to applied, simulated, under faults): n={} p50={:?} p90={:?} p99={:?} max={:?}",
+            latencies.len(),
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.9),
+            percentile(&latencies, 0.99),
+            latencies.last().copied().unwrap_or_default()
+        );
+    }
+    let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
+    let rate = reports.len() as f64 / elapsed.max(1e-9);
+    println!("seeds: {} violations: {} rate: {:.0} seeds/s", reports.len(), violations, rate);
+    if violations == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}

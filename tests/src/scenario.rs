@@ -1,0 +1,202 @@
+//! A scenario: the cluster, its timing, the network's and disks' behaviour and the schedule of
+//! faults and operator changes, all drawn from one seed.
+
+use std::time::Duration;
+
+use keyhome_epoch::{Bugs, EpochRecord, Member, Timing};
+use keyhome_ring::NodeId;
+
+use crate::rng::Rng;
+use crate::world::{Real, nanos};
+
+/// How long after healing the checker waits for progress: the operator's change applied, every
+/// live member on the newest epoch and holding a home lease.
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(8);
+/// Simulated time with faults, before healing.
+pub const CHAOS: Duration = Duration::from_secs(5);
+/// Home leases the scenarios pick from (operators switch among them too).
+const HOME_LEASES: [Duration; 3] =
+    [Duration::from_millis(200), Duration::from_millis(300), Duration::from_millis(500)];
+
+/// Choices the caller may fix instead of the seed.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Number of genesis members (3 to 7 when not fixed); two spare nodes are added.
+    pub members: Option<usize>,
+    /// Safety rules to switch off.
+    pub bugs: Bugs,
+    /// Print every event (for replaying one seed).
+    pub trace: bool,
+    /// The nemeses at full strength in every seed, and twice the operator changes: what the
+    /// injected-bug tests use to find rare interleavings quickly.
+    pub hostile: bool,
+}
+
+/// One scheduled happening.
+#[derive(Clone, Debug)]
+pub enum Fault {
+    Crash {
+        at: Real,
+        node: usize,
+    },
+    Restart {
+        at: Real,
+        node: usize,
+    },
+    /// Nodes on different sides stop hearing each other; with `one_way`, only messages from the
+    /// `true` side to the `false` side are lost.
+    Partition {
+        at: Real,
+        side: Vec<bool>,
+        one_way: bool,
+    },
+    HealPartition {
+        at: Real,
+    },
+    /// An operator asks `node` for a random change.
+    Propose {
+        at: Real,
+        node: usize,
+    },
+    /// End of faults: partitions, loss, duplication and reordering stop, crashed nodes restart.
+    Heal {
+        at: Real,
+    },
+    /// After healing, an operator asks a member for a change, and again until one takes it.
+    LivenessPropose {
+        at: Real,
+    },
+}
+
+impl Fault {
+    pub fn at(&self) -> Real {
+        match self {
+            Fault::Crash { at, .. }
+            | Fault::Restart { at, .. }
+            | Fault::Partition { at, .. }
+            | Fault::HealPartition { at }
+            | Fault::Propose { at, .. }
+            | Fault::Heal { at }
+            | Fault::LivenessPropose { at } => *at,
+        }
+    }
+}
+
+/// Everything one seeded run does.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub seed: u64,
+    /// Node slots; the first `genesis.members.len()` are the genesis members, the rest spares.
+    pub nodes: usize,
+    pub genesis: EpochRecord,
+    pub round_timeout: Duration,
+    /// One-way message delay range, in nanoseconds.
+    pub net_delay: (Real, Real),
+    /// Probability that a message is held back up to 20 times the longest delay (reordering).
+    pub reorder: f64,
+    pub loss: f64,
+    pub duplication: f64,
+    /// Extra loss of `Chosen` messages only, which slows learning (a nemesis).
+    pub lose_chosen: f64,
+    /// Probability that an acceptor crashes right after sending a vote, back 1 to 30 ms later
+    /// (a nemesis).
+    pub crash_after_vote: f64,
+    /// Time for a disk to sync one batch, in nanoseconds.
+    pub disk_latency: (Real, Real),
+    pub faults: Vec<Fault>,
+    pub end: Real,
+    pub bugs: Bugs,
+    pub trace: bool,
+    /// Keys whose homes the checker watches.
+    pub keys: Vec<Vec<u8>>,
+}
+
+fn ms(n: u64) -> Real {
+    n * 1_000_000
+}
+
+impl Scenario {
+    pub fn generate(seed: u64, options: &Options) -> Scenario {
+        let mut rng = Rng::new(seed ^ 0x5ce7_a410);
+        let members = options.members.unwrap_or_else(|| rng.range(3, 7) as usize);
+        let nodes = members + 2;
+        let timing = Timing {
+            home_lease: HOME_LEASES[rng.range(0, 2) as usize],
+            max_delegation_lease: Duration::from_secs(1),
+            clock_rate_ppm: 10_000,
+        };
+        let genesis_members = (1..=members as u64)
+            .map(|id| Member { id: NodeId(id), addr: format!("127.0.0.1:{}", 7000 + id) })
+            .collect();
+        let genesis =
+            EpochRecord::genesis(genesis_members, timing).expect("the simulation's genesis is valid");
+        let chaos = nanos(CHAOS);
+        let mut faults = Vec::new();
+
+        let mut proposal_times = Vec::new();
+        let changes = if options.hostile { rng.range(8, 14) } else { rng.range(3, 8) };
+        for _ in 0..changes {
+            let at = rng.range(ms(200), chaos - ms(200));
+            let node = rng.range(0, nodes as u64 - 1) as usize;
+            faults.push(Fault::Propose { at, node });
+            proposal_times.push(at);
+            if rng.chance(0.5) {
+                let other = (node + 1 + rng.range(0, nodes as u64 - 2) as usize) % nodes;
+                faults.push(Fault::Propose { at: at + rng.range(0, ms(3)), node: other });
+            }
+        }
+        for node in 0..nodes {
+            for _ in 0..rng.range(0, 2) {
+                // Some crashes strike while a change is being decided, and are short.
+                let (at, down) = match rng.pick(&proposal_times) {
+                    Some(t) if rng.chance(0.4) => (t + rng.range(0, ms(10)), rng.range(ms(1), ms(100))),
+                    _ => (rng.range(0, chaos), rng.range(ms(20), ms(1500))),
+                };
+                faults.push(Fault::Crash { at, node });
+                if at + down < chaos {
+                    faults.push(Fault::Restart { at: at + down, node });
+                }
+            }
+        }
+        for _ in 0..rng.range(0, 3) {
+            // Half the partitions strike just after a proposal, where they hurt most.
+            let at = match rng.pick(&proposal_times) {
+                Some(t) if rng.chance(0.5) => t + rng.range(0, ms(20)),
+                _ => rng.range(0, chaos),
+            };
+            let mut side: Vec<bool> = (0..nodes).map(|_| rng.chance(0.5)).collect();
+            if side.iter().all(|&s| s) || side.iter().all(|&s| !s) {
+                side[0] = !side[0];
+            }
+            faults.push(Fault::Partition { at, side, one_way: rng.chance(0.3) });
+            faults.push(Fault::HealPartition { at: (at + rng.range(ms(50), ms(1500))).min(chaos) });
+        }
+        faults.push(Fault::Heal { at: chaos });
+        faults.push(Fault::LivenessPropose { at: chaos + ms(300) });
+
+        Scenario {
+            seed,
+            nodes,
+            genesis,
+            round_timeout: Duration::from_millis(40),
+            net_delay: (100_000, ms(2)),
+            reorder: 0.02,
+            loss: rng.range(0, 80) as f64 / 1000.0,
+            duplication: rng.range(0, 40) as f64 / 1000.0,
+            lose_chosen: if options.hostile { 0.9 } else { [0.0, 0.3, 0.8][rng.range(0, 2) as usize] },
+            crash_after_vote: if options.hostile { 0.3 } else { [0.0, 0.05, 0.2][rng.range(0, 2) as usize] },
+            disk_latency: (50_000, ms(1)),
+            faults,
+            end: chaos + nanos(LIVENESS_BOUND),
+            bugs: options.bugs,
+            trace: options.trace,
+            keys: (0..24).map(|i| format!("key-{i}").into_bytes()).collect(),
+        }
+    }
+
+    /// A timing an operator might switch to from `t`.
+    pub fn other_timing(&self, t: &Timing) -> Timing {
+        let i = HOME_LEASES.iter().position(|l| *l == t.home_lease).unwrap_or(0);
+        Timing { home_lease: HOME_LEASES[(i + 1) % HOME_LEASES.len()], ..*t }
+    }
+}
