@@ -126,6 +126,7 @@ const HISTORY: usize = 8;
 /// An epoch this run learned, with the instant from which it may act as a new home under it.
 #[derive(Clone, Debug)]
 struct Learned {
+    number: u64,
     ring: Ring,
     /// Before this instant, some node may still hold a home lease of an earlier epoch.
     fence_until: Instant,
@@ -189,8 +190,10 @@ pub struct EpochNode {
     /// Messages to self, handled before control returns to the driver.
     local: VecDeque<Body>,
     out: Ready,
-    /// `Ready`s handed out with work to persist that were not yet advanced.
-    unadvanced: u64,
+    /// Number of the newest `Ready` handed out with writes or persisted messages.
+    last_gated: u64,
+    /// Every `Ready` up to this number is durable and its messages sent.
+    advanced: u64,
     next_ready: u64,
     events: VecDeque<Event>,
     rng: u64,
@@ -202,9 +205,18 @@ impl EpochNode {
     pub fn start(config: Config, durable: Durable, now: Instant) -> EpochNode {
         let incarnation = durable.incarnation + 1;
         let current = durable.current.clone();
+        // Never reuse a ballot of an earlier run: this node sent accepts only for ballots it had
+        // durably promised itself (its own prepare is handled before any other vote arrives, and
+        // every message after a write waits for the write), so rounds above the stored promise
+        // are new.
+        let stored = &durable.acceptor;
+        let max_round =
+            stored.promised.iter().chain(stored.accepted.iter().map(|(b, _)| b)).map(|b| b.round).max();
         let mut node = EpochNode {
             rng: config.seed ^ 0x9e37_79b9_7f4a_7c15,
-            lease: Lease::new(current.number, now),
+            // Lease request numbers start afresh in every run, so no grant meant for an earlier
+            // run can count: a run issues fewer than 2^32 requests.
+            lease: Lease::new(current.number, now, incarnation << 32),
             config,
             durable,
             incarnation,
@@ -212,11 +224,12 @@ impl EpochNode {
             proposal: None,
             recover_at: None,
             wake_at_fence: None,
-            max_round: 0,
+            max_round: max_round.unwrap_or(0),
             last_catch_up: None,
             local: VecDeque::new(),
             out: Ready::default(),
-            unadvanced: 0,
+            last_gated: 0,
+            advanced: 0,
             next_ready: 1,
             events: VecDeque::new(),
         };
@@ -265,17 +278,21 @@ impl EpochNode {
     /// Whether this node may grant `key` at `now`: it is the key's home, it holds a home lease,
     /// and no node can still be a granting home of the key under an earlier epoch.
     ///
-    /// Across a run of epochs, newest first, in each of which this node is the key's home, one
-    /// valid lease of any of them and one passed activation instant of any of them suffice: every
-    /// other node that was ever the key's home was so before that run, and the passed activation
-    /// instant means its leases ran out, while no lease of an epoch in the run can be renewed once
-    /// the epoch after it is chosen. So a key that keeps its home keeps working through a change.
+    /// Across a run of consecutive epochs, newest first, in each of which this node is the key's
+    /// home, one valid lease of any of them and one passed activation instant of any of them
+    /// suffice: every other node that was ever the key's home was so before that run, and the
+    /// passed activation instant means its leases ran out, while no lease of an epoch in the run can
+    /// be renewed once the epoch after it is chosen. So a key that keeps its home keeps working
+    /// through a change. An epoch this node skipped (it caught up past it) ends the run: the key
+    /// may have had another home in it.
     pub fn home_active(&self, now: Instant, key: &[u8]) -> bool {
         let (mut leased, mut fenced) = (false, false);
+        let mut expected = self.current().number;
         for (i, learned) in self.history.iter().rev().enumerate() {
-            if learned.ring.home(key) != Some(self.config.id) {
+            if learned.number != expected || learned.ring.home(key) != Some(self.config.id) {
                 break;
             }
+            expected -= 1;
             let lease_until = if i == 0 { self.lease_until(now) } else { learned.lease_until };
             leased |= lease_until.is_some_and(|until| now < until);
             fenced |= now >= learned.fence_until;
@@ -362,16 +379,16 @@ impl EpochNode {
         ready.number = self.next_ready;
         self.next_ready += 1;
         if ready.needs_advance() {
-            self.unadvanced += 1;
+            self.last_gated = ready.number;
         }
         Some(ready)
     }
 
-    /// The driver made `Ready` number `number` durable and sent its persisted messages.
+    /// The driver made the writes of every `Ready` up to `number` durable and sent their persisted
+    /// messages. Advancing a `Ready` that needed no advance is harmless.
     pub fn advance(&mut self, number: u64) {
-        debug_assert!(number < self.next_ready);
-        self.unadvanced = self.unadvanced.saturating_sub(1);
-        if self.unadvanced == 0 && self.out.writes.is_empty() && self.lease.self_grant_pending {
+        self.advanced = self.advanced.max(number.min(self.next_ready - 1));
+        if !self.writes_pending() && self.lease.self_grant_pending {
             self.lease.self_grant_pending = false;
             let seq = self.lease.seq;
             if self.grants_lease(self.current().number) {
@@ -439,10 +456,10 @@ impl EpochNode {
         if let Vote::Reject { promised, .. } = &vote {
             self.max_round = self.max_round.max(promised.round);
         }
-        if let Vote::Promise { accepted: Some((_, value)), .. } = &vote {
-            if value.number != slot || value.validate().is_err() {
-                return;
-            }
+        if let Vote::Promise { accepted: Some((_, value)), .. } = &vote
+            && (value.number != slot || value.validate().is_err())
+        {
+            return;
         }
         let Some(p) = self.proposal.as_mut().filter(|p| p.slot == slot) else { return };
         match p.proposer.on_vote(from, vote) {
@@ -508,7 +525,7 @@ impl EpochNode {
             previous.lease_until = self.lease.valid_until;
         }
         self.remember(&record, now);
-        self.lease = Lease::new(number, now);
+        self.lease = Lease::new(number, now, self.lease.seq);
         self.request_lease(now);
         self.settle_proposal(now);
     }
@@ -521,7 +538,7 @@ impl EpochNode {
         }
         let fence_until = now + wait;
         self.wake_at_fence = (wait > Duration::ZERO).then_some(fence_until);
-        self.history.push_back(Learned { ring, fence_until, lease_until: None });
+        self.history.push_back(Learned { number: record.number, ring, fence_until, lease_until: None });
     }
 
     // ---- home lease ----
@@ -548,7 +565,7 @@ impl EpochNode {
             self.send(to, Body::LeaseRequest { seq });
         }
         // The own vote, like a remote one, must not count before this node's writes are durable.
-        if self.unadvanced > 0 || !self.out.writes.is_empty() {
+        if self.writes_pending() {
             self.lease.self_grant_pending = true;
         } else if self.grants_lease(epoch) {
             self.count_grant(self.config.id, seq);
@@ -678,6 +695,11 @@ impl EpochNode {
         }
     }
 
+    /// Whether some write handed out, or about to be, is not yet durable.
+    fn writes_pending(&self) -> bool {
+        self.advanced < self.last_gated || !self.out.writes.is_empty()
+    }
+
     fn write(&mut self, write: Write) {
         self.out.writes.push(write);
     }
@@ -689,7 +711,7 @@ impl EpochNode {
         }
         let message = Message { epoch: self.current().number, body };
         let transmit = Transmit { to, message };
-        if self.unadvanced > 0 || !self.out.writes.is_empty() {
+        if self.writes_pending() {
             self.out.persisted_messages.push(transmit);
         } else {
             self.out.messages.push(transmit);
@@ -705,11 +727,12 @@ impl EpochNode {
 }
 
 impl Lease {
-    fn new(epoch: u64, now: Instant) -> Lease {
+    /// A lease for `epoch` whose requests are numbered after `seq`.
+    fn new(epoch: u64, now: Instant, seq: u64) -> Lease {
         Lease {
             epoch,
             valid_until: None,
-            seq: 0,
+            seq,
             sent_at: now,
             grants: Vec::new(),
             self_grant_pending: false,

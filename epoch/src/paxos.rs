@@ -61,10 +61,10 @@ impl<V: Clone + PartialEq> AcceptorState<V> {
 
     /// Handles an accept of `value` at `ballot`. Returns the vote and whether the state changed.
     pub fn on_accept(&mut self, ballot: Ballot, value: &V) -> (Vote<V>, bool) {
-        if let Some(p) = self.promised {
-            if p > ballot {
-                return (Vote::Reject { ballot, promised: p }, false);
-            }
+        if let Some(p) = self.promised
+            && p > ballot
+        {
+            return (Vote::Reject { ballot, promised: p }, false);
         }
         if matches!(&self.accepted, Some((b, v)) if *b == ballot && v == value) {
             return (Vote::Accepted { ballot }, false);
@@ -152,10 +152,10 @@ impl<V: Clone + PartialEq> Proposer<V> {
                 if self.phase != Phase::Preparing || !self.count(from) {
                     return Step::Wait;
                 }
-                if let Some((b, v)) = accepted {
-                    if self.highest.as_ref().is_none_or(|(hb, _)| b > *hb) {
-                        self.highest = Some((b, v));
-                    }
+                if let Some((b, v)) = accepted
+                    && self.highest.as_ref().is_none_or(|(hb, _)| b > *hb)
+                {
+                    self.highest = Some((b, v));
                 }
                 if self.votes.len() < self.majority() {
                     return Step::Wait;
@@ -210,7 +210,7 @@ mod tests {
     fn acceptor_rules() {
         let mut a = AcceptorState::<u8>::default();
         assert_eq!(a.on_prepare(b(1, 1)), (Vote::Promise { ballot: b(1, 1), accepted: None }, true));
-        assert_eq!(a.on_prepare(b(1, 1)).1, false, "a repeated prepare changes nothing");
+        assert!(!a.on_prepare(b(1, 1)).1, "a repeated prepare changes nothing");
         assert_eq!(a.on_prepare(b(0, 9)).0, Vote::Reject { ballot: b(0, 9), promised: b(1, 1) });
         assert_eq!(a.on_accept(b(1, 1), &7), (Vote::Accepted { ballot: b(1, 1) }, true));
         assert_eq!(a.on_accept(b(1, 1), &7), (Vote::Accepted { ballot: b(1, 1) }, false));

@@ -69,8 +69,12 @@ pub trait Storage {
     /// The stored state, or `None` for a node that was never initialised.
     fn load(&self) -> Result<Option<Durable>, Self::Error>;
 
-    /// Applies `writes` in order, atomically, and returns once they are durable (fsync). On error
-    /// nothing may be acknowledged: the caller stops the node.
+    /// Applies `writes` in order, atomically, and returns once they are durable (fsync).
+    ///
+    /// On error the writes may or may not have become durable, and nothing that depends on them
+    /// may be acknowledged: the caller stops the node, which reloads what is stored when it
+    /// restarts. Within a batch, order matters: an epoch write voids acceptor state written
+    /// before it for an earlier slot, which the core relies on by writing in the order it decides.
     fn commit(&mut self, writes: &[Write]) -> Result<(), Self::Error>;
 }
 

@@ -125,10 +125,10 @@ impl Checker {
                 // The acceptors of `slot` are the members of epoch `slot - 1`, which was decided.
                 let majority = self.chosen.get(&(slot - 1)).map(|r| r.majority());
                 let value = self.proposed.get(&(*slot, *ballot)).cloned();
-                if let (Some(majority), Some(value)) = (majority, value) {
-                    if votes >= majority {
-                        self.decided(at, &value, "chosen by votes");
-                    }
+                if let (Some(majority), Some(value)) = (majority, value)
+                    && votes >= majority
+                {
+                    self.decided(at, &value, "chosen by votes");
                 }
             }
             _ => {}

@@ -8,12 +8,9 @@
 //! The last line is always `seeds: N violations: V rate: R seeds/s`.
 
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use keyhome_epoch::Bugs;
-use keyhome_sim::{Options, Report, run_seed};
+use keyhome_sim::{Options, Report, bug_switch, run_seeds};
 
 const USAGE: &str = "usage: keyhome-sim [--seeds N] [--start S] [--seed S] [--members M] [--threads T] [--bug NAME] [--hostile] [--stats] [--trace]
   --seeds N     run N seeds (default 1000), starting at --start (default 0)
@@ -70,7 +67,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             "--threads" => parsed.threads = number("--threads", value("--threads")?)?.clamp(1, 64) as usize,
             "--bug" => {
                 let name = value("--bug")?;
-                parsed.options.bugs = bug(&name)?;
+                parsed.options.bugs = bug_switch(&name).ok_or(format!("unknown bug {name}\n{USAGE}"))?;
                 parsed.bug = Some(name);
             }
             "--stats" => parsed.stats = true,
@@ -81,20 +78,6 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         }
     }
     Ok(parsed)
-}
-
-/// The switch named `name`.
-pub fn bug(name: &str) -> Result<Bugs, String> {
-    let mut bugs = Bugs::default();
-    match name {
-        "acceptor-durability" => bugs.amnesiac_acceptor = true,
-        "renewal-cutoff" => bugs.renew_after_accept = true,
-        "activation-wait" => bugs.skip_activation_wait = true,
-        "epoch-floor" => bugs.no_epoch_floor = true,
-        "incarnation" => bugs.volatile_incarnation = true,
-        _ => return Err(format!("unknown bug {name}\n{USAGE}")),
-    }
-    Ok(bugs)
 }
 
 fn replay_command(seed: u64, args: &Args) -> String {
@@ -127,26 +110,8 @@ fn main() -> ExitCode {
         }
     };
     let started = Instant::now();
-    let next = AtomicU64::new(args.start);
-    let end = args.start + args.count;
-    let reports: Arc<Mutex<Vec<Report>>> = Arc::new(Mutex::new(Vec::new()));
-    std::thread::scope(|s| {
-        for _ in 0..args.threads.min(args.count.max(1) as usize) {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= end {
-                        break;
-                    }
-                    let report = run_seed(seed, &args.options);
-                    reports.lock().unwrap_or_else(|e| e.into_inner()).push(report);
-                }
-            });
-        }
-    });
+    let reports = run_seeds(args.start..args.start + args.count, &args.options, args.threads, false);
     let elapsed = started.elapsed().as_secs_f64();
-    let mut reports = std::mem::take(&mut *reports.lock().unwrap_or_else(|e| e.into_inner()));
-    reports.sort_by_key(|r| r.seed);
 
     let failed: Vec<&Report> = reports.iter().filter(|r| !r.violations.is_empty()).collect();
     for r in failed.iter().take(20) {

@@ -32,6 +32,24 @@ pub struct Options {
     pub hostile: bool,
 }
 
+/// The names of the safety rules a run can switch off, as `--bug` takes them.
+pub const BUG_NAMES: [&str; 5] =
+    ["acceptor-durability", "renewal-cutoff", "activation-wait", "epoch-floor", "incarnation"];
+
+/// The switch for the rule named `name` (one of [`BUG_NAMES`]).
+pub fn bug_switch(name: &str) -> Option<Bugs> {
+    let mut bugs = Bugs::default();
+    match name {
+        "acceptor-durability" => bugs.amnesiac_acceptor = true,
+        "renewal-cutoff" => bugs.renew_after_accept = true,
+        "activation-wait" => bugs.skip_activation_wait = true,
+        "epoch-floor" => bugs.no_epoch_floor = true,
+        "incarnation" => bugs.volatile_incarnation = true,
+        _ => return None,
+    }
+    Some(bugs)
+}
+
 /// One scheduled happening.
 #[derive(Clone, Debug)]
 pub enum Fault {

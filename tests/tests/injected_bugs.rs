@@ -1,0 +1,57 @@
+//! Each safety rule, switched off, is caught by the simulation: a safety test that cannot fail
+//! proves nothing.
+//!
+//! Each test searches hostile 3-member seeds (every nemesis at full strength) until the first
+//! violation, up to a cap well above where the first one shows (about 1 in 20 seeds for the
+//! rarest), and checks that the violation is the invariant the rule protects.
+
+use keyhome_sim::{Kind, Options, bug_switch, run_seeds};
+
+/// Most seeds a search may take.
+const CAP: u64 = 600;
+
+fn caught(bug: &str, expected: &[Kind]) {
+    let options = Options {
+        bugs: bug_switch(bug).expect("a known bug"),
+        members: Some(3),
+        hostile: true,
+        ..Options::default()
+    };
+    let reports = run_seeds(0..CAP, &options, 2, true);
+    let found = reports.iter().find(|r| !r.violations.is_empty());
+    let Some(report) = found else { panic!("with {bug} switched off, {CAP} seeds found no violation") };
+    let violation = &report.violations[0];
+    assert!(
+        expected.contains(&violation.kind),
+        "{bug}: seed {} found {violation}, expected {expected:?}",
+        report.seed
+    );
+    println!("{bug}: seed {} finds {violation}", report.seed);
+}
+
+#[test]
+fn amnesiac_acceptor_is_caught() {
+    // Forgetting an acceptance either lets a second value be chosen, or lets the acceptor renew
+    // the old epoch's leases after the next one was chosen.
+    caught("acceptor-durability", &[Kind::Fork, Kind::TwoHomes]);
+}
+
+#[test]
+fn renewing_after_accepting_the_next_epoch_is_caught() {
+    caught("renewal-cutoff", &[Kind::TwoHomes]);
+}
+
+#[test]
+fn skipping_the_activation_wait_is_caught() {
+    caught("activation-wait", &[Kind::TwoHomes]);
+}
+
+#[test]
+fn a_floor_that_is_not_durable_is_caught() {
+    caught("epoch-floor", &[Kind::BelowFloor]);
+}
+
+#[test]
+fn an_incarnation_that_is_not_durable_is_caught() {
+    caught("incarnation", &[Kind::ReusedIncarnation]);
+}
