@@ -1,1 +1,3 @@
 //! The keyhome node: owns all I/O around the protocol cores.
+
+pub mod store;
