@@ -185,6 +185,10 @@ pub struct EpochNode {
     wake_at_fence: Option<Instant>,
     /// Highest round seen in any ballot, so retries outbid it.
     max_round: u64,
+    /// Members of the current epoch not yet known to have learned it (sorted), and when to
+    /// announce it to them again. A member that may not know it is one cannot be relied on to ask.
+    unaware: Vec<NodeId>,
+    announce_at: Instant,
     /// Last catch-up request: which epoch it asked past, and when.
     last_catch_up: Option<(u64, Instant)>,
     /// Messages to self, handled before control returns to the driver.
@@ -225,6 +229,8 @@ impl EpochNode {
             recover_at: None,
             wake_at_fence: None,
             max_round: max_round.unwrap_or(0),
+            unaware: Vec::new(),
+            announce_at: now,
             last_catch_up: None,
             local: VecDeque::new(),
             out: Ready::default(),
@@ -310,6 +316,9 @@ impl EpochNode {
         if self.is_member() {
             consider(self.lease.next_request);
         }
+        if !self.unaware.is_empty() {
+            consider(self.announce_at);
+        }
         if let Some(p) = &self.proposal {
             consider(p.retry_at);
         } else if let Some(at) = self.recover_at {
@@ -331,8 +340,15 @@ impl EpochNode {
 
     /// Handles a message from `from` (authenticated by the driver).
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: Message) {
-        self.catch_up_if_behind(now, from, message.epoch);
-        self.handle_body(now, from, message.epoch, message.body);
+        let epoch = message.epoch;
+        self.handle_body(now, from, epoch, message.body);
+        // After the body, which may itself have brought the newer epoch.
+        if epoch >= self.current().number
+            && let Ok(i) = self.unaware.binary_search(&from)
+        {
+            self.unaware.remove(i);
+        }
+        self.catch_up_if_behind(now, from, epoch);
         self.drain_local(now);
     }
 
@@ -341,6 +357,12 @@ impl EpochNode {
         self.wake_at_fence = self.wake_at_fence.filter(|&at| now < at);
         if self.is_member() && now >= self.lease.next_request {
             self.request_lease(now);
+        }
+        if !self.unaware.is_empty() && now >= self.announce_at {
+            self.announce_at = now + self.config.catch_up_interval * 2;
+            for to in self.unaware.clone() {
+                self.send(to, Body::Chosen(self.current().clone()));
+            }
         }
         let retry = self.proposal.as_ref().is_some_and(|p| now >= p.retry_at);
         if retry {
@@ -429,7 +451,11 @@ impl EpochNode {
             Body::Vote { slot, vote } => self.handle_vote(now, from, slot, vote),
             Body::Chosen(record) => {
                 if record.number > current && record.validate().is_ok() {
-                    self.learn(now, record);
+                    self.learn(now, record, &[]);
+                } else if epoch < current || (epoch == current && record.number == current) {
+                    // Already known: say so, which ends the sender's announcements to this node
+                    // (and fetches anything newer it has).
+                    self.send(from, Body::CatchUp);
                 }
             }
             Body::CatchUp => {
@@ -475,9 +501,7 @@ impl EpochNode {
                 let mut to: Vec<NodeId> = self.current().member_ids().chain(value.member_ids()).collect();
                 to.sort();
                 to.dedup();
-                for peer in to {
-                    self.send(peer, Body::Chosen(value.clone()));
-                }
+                self.learn(now, value, &to);
             }
             // Retry soon, with a ballot above the one that beat this round.
             Step::Outbid(_) => p.retry_at = p.retry_at.min(now + self.config.round_timeout / 4),
@@ -513,8 +537,10 @@ impl EpochNode {
 
     // ---- learning and activation ----
 
-    /// Adopts a chosen epoch newer than the current one.
-    fn learn(&mut self, now: Instant, record: EpochRecord) {
+    /// Adopts a chosen epoch newer than the current one, and broadcasts it to `announce` first:
+    /// the broadcast carries the new epoch (telling every receiver this node knows it) and leaves
+    /// before this node's lease requests under it.
+    fn learn(&mut self, now: Instant, record: EpochRecord, announce: &[NodeId]) {
         if !self.bugs().no_epoch_floor {
             self.write(Write::Epoch(record.clone()));
         }
@@ -525,6 +551,11 @@ impl EpochNode {
             previous.lease_until = self.lease.valid_until;
         }
         self.remember(&record, now);
+        for &peer in announce {
+            self.send(peer, Body::Chosen(record.clone()));
+        }
+        self.unaware = record.member_ids().filter(|&m| m != self.config.id).collect();
+        self.announce_at = now + self.config.catch_up_interval * 2;
         self.lease = Lease::new(number, now, self.lease.seq);
         self.request_lease(now);
         self.settle_proposal(now);

@@ -49,6 +49,8 @@ pub struct Checker {
     accepted: HashMap<(u64, Ballot), Vec<usize>>,
     /// Per node: the epoch number last checked against `chosen`.
     seen_epoch: Vec<u64>,
+    /// Per node: epoch and lease end at its last home check.
+    seen_rights: Vec<(u64, Option<Instant>)>,
     /// Per node: the highest epoch it acted under (sent a lease request or grant for).
     floor: Vec<u64>,
     /// Per node: the highest incarnation of any earlier run that acted.
@@ -66,6 +68,7 @@ impl Checker {
             proposed: HashMap::new(),
             accepted: HashMap::new(),
             seen_epoch: vec![0; nodes],
+            seen_rights: vec![(0, None); nodes],
             floor: vec![0; nodes],
             used_incarnation: vec![0; nodes],
             run: vec![(0, false); nodes],
@@ -165,14 +168,19 @@ impl Checker {
         }
     }
 
-    /// After `node` handled an event at real time `at` (its clock read `now`). Only that node can
-    /// have gained the right to grant a key: every other node's rights only shrink with time
-    /// until its own next event (its timers fire at every activation instant).
+    /// After `node` handled an event at real time `at` (its clock read `now`); `timer` when the
+    /// event was its timer.
+    ///
+    /// Only that node can have gained the right to grant a key: every other node's rights only
+    /// shrink with time until its own next event. And its rights grow only when its epoch or its
+    /// lease end changes, or at an activation instant, where the core sets a timer; other events
+    /// need no home check.
     pub fn after_event(
         &mut self,
         at: Real,
         node: usize,
         now: Instant,
+        timer: bool,
         core: &EpochNode,
         others: &[(usize, Instant, &EpochNode)],
     ) {
@@ -181,7 +189,9 @@ impl Checker {
             self.seen_epoch[node] = current.number;
             self.decided(at, current, &format!("learned by node {node}"));
         }
-        if !core.holds_lease(now) && !self.keys.iter().any(|k| core.home_active(now, k)) {
+        let rights = (current.number, core.lease_until(now));
+        let changed = std::mem::replace(&mut self.seen_rights[node], rights) != rights;
+        if !(changed || timer) {
             return;
         }
         for k in 0..self.keys.len() {

@@ -11,7 +11,7 @@ use crate::world::{Real, nanos};
 
 /// How long after healing the checker waits for progress: the operator's change applied, every
 /// live member on the newest epoch and holding a home lease.
-pub const LIVENESS_BOUND: Duration = Duration::from_secs(8);
+pub const LIVENESS_BOUND: Duration = Duration::from_secs(3);
 /// Simulated time with faults, before healing.
 pub const CHAOS: Duration = Duration::from_secs(5);
 /// Home leases the scenarios pick from (operators switch among them too).

@@ -198,7 +198,7 @@ impl World {
                 let now = self.local(node);
                 let Some(core) = self.slots[node].core.as_mut() else { return };
                 core.handle_timeout(now);
-                self.after_input(node);
+                self.drain(node, true);
             }
             Ev::Sync { node, run } => self.sync(node, run),
             Ev::Fault(fault) => self.apply_fault(fault),
@@ -231,8 +231,13 @@ impl World {
         }
     }
 
-    /// Drains what the core produced, re-arms its timer and runs the checks.
+    /// Drains what the core produced after an input, re-arms its timer and runs the checks.
     fn after_input(&mut self, i: usize) {
+        self.drain(i, false);
+    }
+
+    /// [`World::after_input`]; `timer` when the input was the node's timer.
+    fn drain(&mut self, i: usize, timer: bool) {
         let Some(core) = self.slots[i].core.as_mut() else { return };
         let mut sends = Vec::new();
         let mut to_disk = Vec::new();
@@ -275,7 +280,7 @@ impl World {
             let others: Vec<(usize, Instant, &EpochNode)> = others
                 .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
                 .collect();
-            self.checker.after_event(self.now, i, now, core, &others);
+            self.checker.after_event(self.now, i, now, timer, core, &others);
         }
     }
 
@@ -439,7 +444,11 @@ impl World {
         let slot = &mut self.slots[i];
         let Some(core) = slot.core.as_mut() else { return false };
         let previous = slot.proposed_at.replace(self.now);
-        let ok = core.propose(now, change).is_ok();
+        let result = core.propose(now, change);
+        if self.scenario.trace {
+            println!("{:>12.6} node {i}: propose: {result:?}", self.now as f64 / 1e9);
+        }
+        let ok = result.is_ok();
         if !ok {
             self.slots[i].proposed_at = previous;
         }
