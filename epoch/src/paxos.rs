@@ -6,7 +6,11 @@
 //! Safety rests on two rules that callers must keep:
 //! - an acceptor's state change is durable before the reply it produced is sent;
 //! - a proposer that sees any accepted value in its promises proposes the one with the highest
-//!   ballot instead of its own.
+//!   ballot instead of its own;
+//! - a proposer never reuses a ballot, not even after a restart: [`AcceptorState::on_accept`]
+//!   overwrites an acceptance at an equal ballot, and an `Accepted` vote does not name its value,
+//!   so one ballot with two values can choose both (the node core starts every run's rounds above
+//!   its own stored promise).
 
 use keyhome_ring::NodeId;
 use serde::{Deserialize, Serialize};
