@@ -281,6 +281,11 @@ impl EpochNode {
         self.lease_until(now).is_some()
     }
 
+    /// The home of `key` under the current epoch.
+    pub fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        self.history.back().and_then(|learned| learned.ring.home(key))
+    }
+
     /// Whether this node may grant `key` at `now`: it is the key's home, it holds a home lease,
     /// and no node can still be a granting home of the key under an earlier epoch.
     ///

@@ -1,0 +1,45 @@
+//! What the delegation layer asks of the epoch layer, as a trait so tests can script it.
+
+use keyhome_epoch::{EpochNode, Instant, NodeId, Timing};
+
+/// The epoch layer's view, as of one instant.
+pub trait Authority {
+    /// This node's current epoch number.
+    fn epoch(&self) -> u64;
+    /// This node's run incarnation (durable before anything was sent).
+    fn incarnation(&self) -> u64;
+    /// The current epoch's timing.
+    fn timing(&self) -> Timing;
+    /// Whether `node` is a member of the current epoch.
+    fn is_member(&self, node: NodeId) -> bool;
+    /// The home of `key` under the current epoch.
+    fn home_of(&self, key: &[u8]) -> Option<NodeId>;
+    /// Whether this node may grant `key` at `now` (see [`EpochNode::home_active`]).
+    fn home_active(&self, now: Instant, key: &[u8]) -> bool;
+}
+
+impl Authority for EpochNode {
+    fn epoch(&self) -> u64 {
+        self.current().number
+    }
+
+    fn incarnation(&self) -> u64 {
+        EpochNode::incarnation(self)
+    }
+
+    fn timing(&self) -> Timing {
+        self.current().timing
+    }
+
+    fn is_member(&self, node: NodeId) -> bool {
+        self.current().is_member(node)
+    }
+
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        EpochNode::home_of(self, key)
+    }
+
+    fn home_active(&self, now: Instant, key: &[u8]) -> bool {
+        EpochNode::home_active(self, now, key)
+    }
+}

@@ -1,0 +1,87 @@
+//! Messages between a key's home and the nodes that hold or want its delegation.
+//!
+//! Every message carries the sender's current epoch number. Durations, never instants, cross the
+//! wire: each side measures deadlines on its own clock.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::token::FencingToken;
+
+/// A key, as the application names it: at most [`crate::limits::Limits::max_key_len`] bytes.
+pub type Key = Vec<u8>;
+
+/// The part of a fencing token a home fixes when it grants: `(epoch, incarnation, counter)`.
+/// The holder adds the local sequence number per admission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Grantee {
+    pub epoch: u64,
+    pub incarnation: u64,
+    pub counter: u64,
+}
+
+impl Grantee {
+    /// The token of the `local_seq`-th admission under this delegation.
+    pub fn token(self, local_seq: u64) -> FencingToken {
+        FencingToken { epoch: self.epoch, incarnation: self.incarnation, counter: self.counter, local_seq }
+    }
+}
+
+/// One message, as encoded on the wire. The sender is not a field: the driver knows it from the
+/// authenticated connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// The sender's current epoch number.
+    pub epoch: u64,
+    pub body: Body,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Body {
+    /// Holder → home: grant me `key` for `lease`; I wait at most `wait` from my send instant.
+    /// `held` names the delegation the sender holds and wants renewed, if any.
+    Request { key: Key, id: u64, lease: Duration, wait: Duration, held: Option<Grantee> },
+    /// Home → holder: the delegation of `key`, valid for `lease` from the instant the holder
+    /// sent request `id`. `note` is the previous holder's handoff note; `recovered` says the
+    /// previous delegation ended by expiry, not by a clean release, so no note could be handed.
+    Grant { key: Key, id: u64, grantee: Grantee, lease: Duration, note: Option<Vec<u8>>, recovered: bool },
+    /// Home → requester: request `id` is refused.
+    Refuse { key: Key, id: u64, reason: Refusal },
+    /// Home → holder: someone is waiting; release `grantee` as soon as the local holder is done.
+    Recall { key: Key, grantee: Grantee },
+    /// Holder → home: `grantee` is given back, with an optional handoff note for the next holder.
+    /// Also how a grant that arrived too late to be useful is handed back.
+    Release { key: Key, grantee: Grantee, note: Option<Vec<u8>> },
+    /// Anyone → home: is `token` the newest admission the home knows of for `key`?
+    Check { key: Key, id: u64, token: FencingToken },
+    /// Home → asker: the answer to check `id`.
+    CheckReply { key: Key, id: u64, current: bool },
+}
+
+/// Why a home refuses a request. Each says whether and when to retry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("this node is not the key's home under its epoch; look the home up again")]
+    NotHome,
+    #[error("the request carries an epoch this home does not act under")]
+    StaleEpoch,
+    #[error("the requester is not a member of the home's epoch")]
+    NotMember,
+    #[error("the home restarted recently and grants again in {0:?}")]
+    Quarantine(Duration),
+    #[error("the key expired uncleanly and is under lock-delay for {0:?} more")]
+    LockDelay(Duration),
+    #[error("the key is longer than the home accepts")]
+    KeyTooLong,
+    #[error("the handoff note is larger than the home accepts")]
+    NoteTooLarge,
+    #[error("the home holds as many delegations as it may")]
+    HomeFull,
+    #[error("the requester holds as many delegations from this home as it may")]
+    RequesterFull,
+    #[error("too many requesters already wait for this key")]
+    QueueFull,
+    #[error("the request's wait ran out before the key was free")]
+    WaitExpired,
+}
