@@ -85,11 +85,6 @@ impl Change {
             }
         }
         members.sort_by_key(|m| m.id);
-        for (i, m) in members.iter().enumerate() {
-            if let Some(other) = members[i + 1..].iter().find(|o| o.addr == m.addr) {
-                return Err(RecordError::AddressInUse { id: other.id, addr: m.addr.clone() }.into());
-            }
-        }
         let next = EpochRecord {
             number: current.number + 1,
             members,

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use keyhome_ring::{NodeId, Ring};
+use keyhome_ring::{KeyDigest, NodeId, Ring};
 
 use crate::change::{Change, ChangeError};
 use crate::message::{Body, Message, Transmit};
@@ -147,8 +147,6 @@ struct Lease {
     sent_at: Instant,
     /// Members that granted the latest request (sorted).
     grants: Vec<NodeId>,
-    /// The own grant is owed once every pending write is durable.
-    self_grant_pending: bool,
     next_request: Instant,
 }
 
@@ -161,7 +159,6 @@ struct Proposal {
     slot: u64,
     proposer: Proposer<EpochRecord>,
     retry_at: Instant,
-    attempts: u32,
     rebases: u32,
 }
 
@@ -189,10 +186,16 @@ pub struct EpochNode {
     /// announce it to them again. A member that may not know it is one cannot be relied on to ask.
     unaware: Vec<NodeId>,
     announce_at: Instant,
+    /// Announcements since the epoch was learned: the interval doubles with each, up to 64 times
+    /// `2 · catch_up_interval`, so a node nobody answers keeps asking, slowly.
+    announced: u32,
     /// Last catch-up request: which epoch it asked past, and when.
     last_catch_up: Option<(u64, Instant)>,
     /// Messages to self, handled before control returns to the driver.
     local: VecDeque<Body>,
+    /// Messages to self produced while a write was pending: like any other message, they count
+    /// only once this node's writes are durable (the own vote and the own lease grant included).
+    local_gated: Vec<Body>,
     out: Ready,
     /// Number of the newest `Ready` handed out with writes or persisted messages.
     last_gated: u64,
@@ -231,8 +234,10 @@ impl EpochNode {
             max_round: max_round.unwrap_or(0),
             unaware: Vec::new(),
             announce_at: now,
+            announced: 0,
             last_catch_up: None,
             local: VecDeque::new(),
+            local_gated: Vec::new(),
             out: Ready::default(),
             last_gated: 0,
             advanced: 0,
@@ -243,6 +248,8 @@ impl EpochNode {
             node.write(Write::Incarnation(incarnation));
         }
         node.remember(&current, now);
+        // What this node announced before it stopped is forgotten: announce again to all.
+        node.unaware = current.member_ids().filter(|&m| m != node.config.id).collect();
         node.request_lease(now);
         if node.durable.acceptor.accepted.is_some() {
             node.schedule_recovery(now);
@@ -297,10 +304,15 @@ impl EpochNode {
     /// through a change. An epoch this node skipped (it caught up past it) ends the run: the key
     /// may have had another home in it.
     pub fn home_active(&self, now: Instant, key: &[u8]) -> bool {
+        self.home_active_digest(now, KeyDigest::of(key))
+    }
+
+    /// [`EpochNode::home_active`] for a key hashed beforehand.
+    pub fn home_active_digest(&self, now: Instant, key: KeyDigest) -> bool {
         let (mut leased, mut fenced) = (false, false);
         let mut expected = self.current().number;
         for (i, learned) in self.history.iter().rev().enumerate() {
-            if learned.number != expected || learned.ring.home(key) != Some(self.config.id) {
+            if learned.number != expected || learned.ring.home_of(key) != Some(self.config.id) {
                 break;
             }
             expected -= 1;
@@ -359,12 +371,13 @@ impl EpochNode {
 
     /// Handles timer expiry; harmless to call early or often.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.wake_at_fence = self.wake_at_fence.filter(|&at| now < at);
+        self.wake_at_fence = self.history.iter().map(|l| l.fence_until).filter(|&at| now < at).min();
         if self.is_member() && now >= self.lease.next_request {
             self.request_lease(now);
         }
         if !self.unaware.is_empty() && now >= self.announce_at {
-            self.announce_at = now + self.config.catch_up_interval * 2;
+            self.announce_at = now + self.config.catch_up_interval * (2 << self.announced.min(6));
+            self.announced += 1;
             for to in self.unaware.clone() {
                 self.send(to, Body::Chosen(self.current().clone()));
             }
@@ -412,15 +425,12 @@ impl EpochNode {
     }
 
     /// The driver made the writes of every `Ready` up to `number` durable and sent their persisted
-    /// messages. Advancing a `Ready` that needed no advance is harmless.
-    pub fn advance(&mut self, number: u64) {
+    /// messages, at `now`. Advancing a `Ready` that needed no advance is harmless.
+    pub fn advance(&mut self, now: Instant, number: u64) {
         self.advanced = self.advanced.max(number.min(self.next_ready - 1));
-        if !self.writes_pending() && self.lease.self_grant_pending {
-            self.lease.self_grant_pending = false;
-            let seq = self.lease.seq;
-            if self.grants_lease(self.current().number) {
-                self.count_grant(self.config.id, seq);
-            }
+        if !self.writes_pending() && !self.local_gated.is_empty() {
+            self.local.extend(self.local_gated.drain(..));
+            self.drain_local(now);
         }
     }
 
@@ -476,7 +486,7 @@ impl EpochNode {
                 }
             }
             Body::LeaseGrant { seq } => {
-                if epoch == self.lease.epoch && epoch == current {
+                if epoch == self.lease.epoch && epoch == current && self.current().is_member(from) {
                     self.count_grant(from, seq);
                 }
             }
@@ -561,6 +571,7 @@ impl EpochNode {
         }
         self.unaware = record.member_ids().filter(|&m| m != self.config.id).collect();
         self.announce_at = now + self.config.catch_up_interval * 2;
+        self.announced = 0;
         self.lease = Lease::new(number, now, self.lease.seq);
         self.request_lease(now);
         self.settle_proposal(now);
@@ -573,7 +584,9 @@ impl EpochNode {
             self.history.pop_front();
         }
         let fence_until = now + wait;
-        self.wake_at_fence = (wait > Duration::ZERO).then_some(fence_until);
+        if wait > Duration::ZERO {
+            self.wake_at_fence = Some(self.wake_at_fence.map_or(fence_until, |at| at.min(fence_until)));
+        }
         self.history.push_back(Learned { number: record.number, ring, fence_until, lease_until: None });
     }
 
@@ -583,12 +596,11 @@ impl EpochNode {
         self.current().is_member(self.config.id)
     }
 
-    /// Sends a new lease request to every other member and counts the own grant.
+    /// Sends a new lease request to every member, itself included.
     fn request_lease(&mut self, now: Instant) {
         if !self.is_member() {
             return;
         }
-        let epoch = self.current().number;
         let renew_every = self.current().timing.home_lease / 4;
         let lease = &mut self.lease;
         lease.seq += 1;
@@ -596,15 +608,9 @@ impl EpochNode {
         lease.grants.clear();
         lease.next_request = now + renew_every;
         let seq = lease.seq;
-        let others: Vec<NodeId> = self.current().member_ids().filter(|&m| m != self.config.id).collect();
-        for to in others {
+        let members: Vec<NodeId> = self.current().member_ids().collect();
+        for to in members {
             self.send(to, Body::LeaseRequest { seq });
-        }
-        // The own vote, like a remote one, must not count before this node's writes are durable.
-        if self.writes_pending() {
-            self.lease.self_grant_pending = true;
-        } else if self.grants_lease(epoch) {
-            self.count_grant(self.config.id, seq);
         }
     }
 
@@ -652,9 +658,13 @@ impl EpochNode {
         self.proposal = Some(Proposal {
             change,
             slot,
-            proposer: Proposer::new(self.next_ballot(), value, self.current().member_ids()),
+            // The ballot is set by the first round, below.
+            proposer: Proposer::new(
+                Ballot { round: 0, proposer: self.config.id },
+                value,
+                self.current().member_ids(),
+            ),
             retry_at: now,
-            attempts: 0,
             rebases,
         });
         self.retry_proposal(now);
@@ -672,7 +682,6 @@ impl EpochNode {
         let Some(p) = self.proposal.as_mut() else { return };
         let value = p.proposer.own_value().clone();
         p.proposer = Proposer::new(ballot, value, p.proposer.acceptors().to_vec());
-        p.attempts += 1;
         p.retry_at = now + self.config.round_timeout + jitter;
         let slot = p.slot;
         for to in p.proposer.acceptors().to_vec() {
@@ -742,7 +751,11 @@ impl EpochNode {
 
     fn send(&mut self, to: NodeId, body: Body) {
         if to == self.config.id {
-            self.local.push_back(body);
+            if self.writes_pending() {
+                self.local_gated.push(body);
+            } else {
+                self.local.push_back(body);
+            }
             return;
         }
         let message = Message { epoch: self.current().number, body };
@@ -765,14 +778,6 @@ impl EpochNode {
 impl Lease {
     /// A lease for `epoch` whose requests are numbered after `seq`.
     fn new(epoch: u64, now: Instant, seq: u64) -> Lease {
-        Lease {
-            epoch,
-            valid_until: None,
-            seq,
-            sent_at: now,
-            grants: Vec::new(),
-            self_grant_pending: false,
-            next_request: now,
-        }
+        Lease { epoch, valid_until: None, seq, sent_at: now, grants: Vec::new(), next_request: now }
     }
 }

@@ -157,6 +157,11 @@ impl EpochRecord {
                 return Err(RecordError::BadAddress { id: m.id });
             }
         }
+        let mut addrs: Vec<(&str, NodeId)> = self.members.iter().map(|m| (m.addr.as_str(), m.id)).collect();
+        addrs.sort_unstable();
+        if let Some(pair) = addrs.windows(2).find(|p| p[0].0 == p[1].0) {
+            return Err(RecordError::AddressInUse { id: pair[1].1, addr: pair[1].0.to_owned() });
+        }
         if self.ring_version != ROUTING_VERSION {
             return Err(RecordError::RingVersion(self.ring_version));
         }

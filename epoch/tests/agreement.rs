@@ -367,6 +367,9 @@ fn non_member_cannot_propose_until_added() {
     let mark = c.mark();
     assert_eq!(c.propose(4, timing(12)), Err(ProposeError::NotMember { epoch: 1 }));
     assert_eq!(c.mark(), mark);
+    // A starting node announces its epoch to the members once; they answer, and then a
+    // non-member has nothing to wake up for: no lease to renew.
+    c.run_for(secs(1));
     assert_eq!(c.node(4).poll_timeout(), None, "a non-member has no lease to renew");
     c.propose(1, Change::Add(member(4))).unwrap();
     c.deliver_all();

@@ -380,10 +380,7 @@ fn a_single_node_driven_by_its_own_timer_never_spins() {
             let after = c.node(id).poll_timeout();
             assert!(after.is_none_or(|a| a > t), "node {id}: handle_timeout({t:?}) left {after:?}");
         }
-        if id == 9 {
-            assert_eq!(c.node(id).poll_timeout(), None, "a non-member has no timer");
-        } else {
-            assert!(t > at(secs(1_000)), "the timer kept moving forward: {t:?}");
-        }
+        // A non-member that nobody answers keeps announcing its epoch, backing off.
+        assert!(t > at(secs(1_000)), "the timer kept moving forward: {t:?}");
     }
 }

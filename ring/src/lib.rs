@@ -20,6 +20,20 @@
 //!
 //! The algorithm is versioned by [`ROUTING_VERSION`] and pinned by the golden
 //! vectors in `tests/golden_vectors.txt`.
+//!
+//! ```
+//! use keyhome_ring::{NodeId, Ring};
+//!
+//! // Once per membership change:
+//! let ring = Ring::new(&[NodeId(3), NodeId(1), NodeId(2)]);
+//! // Per request:
+//! let owner = ring.home(b"lock/users/42").expect("the ring is not empty");
+//! let replicas = ring.homes(b"lock/users/42", 2);
+//! assert_eq!(replicas[0], owner);
+//! assert!(replicas.iter().all(|&id| ring.contains(id)));
+//! ```
+
+#![warn(missing_docs)]
 
 mod hash;
 mod ring;
@@ -28,7 +42,7 @@ use std::cmp::Reverse;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::ring::Ring;
+pub use crate::ring::{KeyDigest, Ring};
 
 /// A node's identity in the cluster (the id in its certificate).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -46,8 +60,9 @@ impl std::fmt::Display for NodeId {
 /// width, byte order, mix function, tie-break) must bump this, because two
 /// binaries that place keys differently must never serve one cluster. The
 /// golden-vector test enforces it: the vectors file declares the version it
-/// was generated for, and a frozen fingerprint of each version's vectors is
-/// kept in `tests/golden.rs`.
+/// was generated for, and `tests/golden.rs` keeps an append-only table of
+/// each version's fingerprint (a digest of the rankings of a fixed probe
+/// workload), so an algorithm change fails until this constant is bumped.
 pub const ROUTING_VERSION: u32 = 1;
 
 /// The home of `key` among `members` (any order, duplicates allowed), or
@@ -61,6 +76,7 @@ pub fn home(key: &[u8], members: &[NodeId]) -> Option<NodeId> {
         return None;
     }
     let digest = hash::key_digest(key);
+    // `Reverse(id)`: on equal scores the smaller id ranks higher.
     members.iter().copied().max_by_key(|&id| (hash::score(digest, hash::member_seed(id)), Reverse(id)))
 }
 

@@ -6,6 +6,18 @@ use std::fmt;
 use crate::NodeId;
 use crate::hash::{key_digest, member_seed, score};
 
+/// A key's digest as the ring uses it: hash a key once with [`KeyDigest::of`], then look it up
+/// with [`Ring::home_of`] in as many rings, as often, as needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyDigest(u64);
+
+impl KeyDigest {
+    /// The digest of `key` (one BLAKE3 pass over it).
+    pub fn of(key: &[u8]) -> KeyDigest {
+        KeyDigest(key_digest(key))
+    }
+}
+
 /// A cluster's member set, deduplicated, sorted and prepared for home
 /// look-ups (each member's seed is hashed once, here, not per look-up).
 ///
@@ -59,9 +71,15 @@ impl Ring {
     ///
     /// Any key is accepted, including the empty one.
     pub fn home(&self, key: &[u8]) -> Option<NodeId> {
+        self.home_of(KeyDigest::of(key))
+    }
+
+    /// [`Ring::home`] for a key hashed once beforehand: no hashing at all, one integer mix per
+    /// member. For callers that look one key up in several rings, or many times.
+    pub fn home_of(&self, digest: KeyDigest) -> Option<NodeId> {
         let mut entries = self.members.iter().zip(self.seeds.iter());
         let (&first, &first_seed) = entries.next()?;
-        let digest = key_digest(key);
+        let digest = digest.0;
         let mut best = first;
         let mut best_score = score(digest, first_seed);
         // Members are visited in ascending id order, so keeping the earlier
@@ -83,40 +101,46 @@ impl Ring {
     /// Returns `min(k, len())` distinct members; `k == 0` or an empty ring
     /// gives an empty vector. Allocates nothing but the returned vector
     /// (capacity `min(k, len())`). Cost: one key hash, one mix per member,
-    /// plus `O(log k)` mixes for each member that enters the running top `k`.
+    /// `O(k log k)` mixes to order the first `k` members, then for each
+    /// later member that enters the running top `k` (about `k ln(n/k)` of
+    /// them on average) `O(log k)` mixes and a shift of up to `k` entries.
     pub fn homes(&self, key: &[u8], k: usize) -> Vec<NodeId> {
-        let want = k.min(self.members.len());
+        let n = self.members.len();
+        let want = k.min(n);
         let mut top: Vec<NodeId> = Vec::with_capacity(want);
         if want == 0 {
             return top;
         }
         let digest = key_digest(key);
-        // Rank of the member at index `i`, higher is better. Members are
-        // sorted by id, so `Reverse(i)` makes the smaller id win a tie, and
-        // ranks of distinct members are never equal.
-        let rank = |i: usize| (score(digest, self.seeds[i]), Reverse(i));
         // While selecting, `top` holds member *indices* (as `NodeId(i)`, so
-        // the result's own allocation serves as the work space) ordered best
-        // first; they are replaced by the members' ids at the end.
+        // the result's own allocation is the work space), best first; they
+        // are replaced by the members' ids at the end. Indices come from
+        // `0..n`, so both conversions are lossless.
+        let slot = |i: usize| NodeId(i as u64);
         let index = |slot: NodeId| slot.0 as usize;
-        // Rank of the worst entry kept, once `top` holds `want` entries.
-        let mut floor = None;
-        for i in 0..self.members.len() {
-            let candidate = rank(i);
-            if let Some(worst) = floor {
-                if candidate <= worst {
-                    continue;
-                }
-                top.pop();
+        let score_of = |slot: NodeId| score(digest, self.seeds[index(slot)]);
+        // Members are sorted by id, so on equal scores the smaller index
+        // ranks first.
+        top.extend((0..want).map(slot));
+        top.sort_unstable_by_key(|&s| Reverse((score_of(s), Reverse(index(s)))));
+        // Every later candidate has a larger index than all kept entries,
+        // so it ranks below any entry with an equal score: from here on,
+        // comparing scores alone is the full order.
+        let mut floor = score_of(top[want - 1]);
+        for (i, &seed) in (want..n).zip(&self.seeds[want..]) {
+            let candidate = score(digest, seed);
+            if candidate <= floor {
+                continue;
             }
-            let at = top.partition_point(|&slot| rank(index(slot)) > candidate);
-            top.insert(at, NodeId(i as u64));
-            if top.len() == want {
-                floor = top.last().map(|&slot| rank(index(slot)));
-            }
+            // Drop the last entry and insert `i` after every entry that
+            // scores at least as high (`candidate > floor`, so `at < want`).
+            let at = top.partition_point(|&s| score_of(s) >= candidate);
+            top.copy_within(at..want - 1, at + 1);
+            top[at] = slot(i);
+            floor = score_of(top[want - 1]);
         }
-        for slot in &mut top {
-            *slot = self.members[index(*slot)];
+        for s in &mut top {
+            *s = self.members[index(*s)];
         }
         top
     }
@@ -143,6 +167,25 @@ mod tests {
         for key in [&b""[..], b"x", b"lock/a"] {
             assert_eq!(ring.home(key), Some(NodeId(3)));
             assert_eq!(ring.homes(key, 3), ids);
+        }
+    }
+
+    /// With colliding seeds, `homes` still follows (score desc, id asc) for
+    /// every `k`, also on the insertion path (`k < len()`).
+    #[test]
+    fn colliding_seeds_rank_by_score_then_smaller_id() {
+        let ids: Vec<NodeId> = (10..16).map(NodeId).collect();
+        let ring = Ring { members: ids.clone().into(), seeds: [7, 1, 7, 2, 1, 7].into() };
+        for key in [&b""[..], b"x", b"lock/a", b"lock/b", &[0xff; 40]] {
+            let digest = key_digest(key);
+            let mut naive: Vec<(u64, NodeId)> =
+                ring.members.iter().zip(&ring.seeds).map(|(&id, &seed)| (score(digest, seed), id)).collect();
+            naive.sort_by_key(|&(score, id)| (Reverse(score), id));
+            let naive: Vec<NodeId> = naive.into_iter().map(|(_, id)| id).collect();
+            assert_eq!(ring.home(key), naive.first().copied());
+            for k in 0..=ids.len() + 1 {
+                assert_eq!(ring.homes(key, k), naive[..k.min(naive.len())]);
+            }
         }
     }
 

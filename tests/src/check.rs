@@ -5,6 +5,7 @@ use std::fmt;
 
 use keyhome_epoch::paxos::{Ballot, Vote};
 use keyhome_epoch::{Body, EpochNode, EpochRecord, Instant, Message};
+use keyhome_ring::KeyDigest;
 
 use crate::scenario::Scenario;
 use crate::world::Real;
@@ -57,7 +58,8 @@ pub struct Checker {
     used_incarnation: Vec<u64>,
     /// Per node: the current run's incarnation and whether it has acted.
     run: Vec<(u64, bool)>,
-    keys: Vec<Vec<u8>>,
+    /// The watched keys, with their digests (hashed once per run).
+    keys: Vec<(Vec<u8>, KeyDigest)>,
     pub violations: Vec<Violation>,
 }
 
@@ -72,7 +74,7 @@ impl Checker {
             floor: vec![0; nodes],
             used_incarnation: vec![0; nodes],
             run: vec![(0, false); nodes],
-            keys: scenario.keys.clone(),
+            keys: scenario.keys.iter().map(|k| (k.clone(), KeyDigest::of(k))).collect(),
             violations: Vec::new(),
         }
     }
@@ -195,12 +197,13 @@ impl Checker {
             return;
         }
         for k in 0..self.keys.len() {
-            if !core.home_active(now, &self.keys[k]) {
+            let digest = self.keys[k].1;
+            if !core.home_active_digest(now, digest) {
                 continue;
             }
             for (other, other_now, other_core) in others {
-                if other_core.home_active(*other_now, &self.keys[k]) {
-                    let key = String::from_utf8_lossy(&self.keys[k]).into_owned();
+                if other_core.home_active_digest(*other_now, digest) {
+                    let key = String::from_utf8_lossy(&self.keys[k].0).into_owned();
                     let detail = format!(
                         "nodes {node} (epoch {}) and {other} (epoch {}) both home of {key}",
                         current.number,

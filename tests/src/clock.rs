@@ -21,8 +21,12 @@ impl Clock {
 
     /// The reading at real time `real`.
     pub fn local(&self, real: u64) -> Instant {
-        let elapsed = i128::from(real) * (PPM + i128::from(self.rate_ppm)) / PPM;
-        Instant::from_nanos(self.origin.saturating_add(elapsed as u64))
+        // In 64 bits while `real · rate` fits (runs of many hours); in 128 beyond.
+        let drift = i64::try_from(real).ok().and_then(|r| r.checked_mul(self.rate_ppm)).map_or_else(
+            || (i128::from(real) * i128::from(self.rate_ppm)).div_euclid(PPM) as i64,
+            |d| d.div_euclid(PPM as i64),
+        );
+        Instant::from_nanos(self.origin.saturating_add(real).saturating_add_signed(drift))
     }
 
     /// The earliest real time at which the clock reads at least `local`.

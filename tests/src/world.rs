@@ -7,7 +7,7 @@
 //! process, every write not yet synced, and every persisted message still waiting for one.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
 use std::time::Duration;
 
 use keyhome_epoch::{
@@ -26,6 +26,33 @@ pub type Real = u64;
 /// Converts a duration to simulated nanoseconds.
 pub fn nanos(d: Duration) -> Real {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An event in the queue, ordered by time, then by the order it was scheduled in.
+struct Scheduled {
+    at: Real,
+    seq: u64,
+    ev: Box<Ev>,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+
+impl Eq for Scheduled {}
+
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
 }
 
 #[derive(Debug)]
@@ -81,8 +108,7 @@ enum Liveness {
 pub struct World {
     now: Real,
     seq: u64,
-    queue: BinaryHeap<Reverse<(Real, u64)>>,
-    events: HashMap<u64, Ev>,
+    queue: BinaryHeap<Reverse<Scheduled>>,
     slots: Vec<Slot>,
     rng: Rng,
     scenario: Scenario,
@@ -120,7 +146,6 @@ impl World {
             now: 0,
             seq: 0,
             queue: BinaryHeap::new(),
-            events: HashMap::new(),
             slots,
             loss: scenario.loss,
             duplication: scenario.duplication,
@@ -145,12 +170,12 @@ impl World {
     /// Runs the scenario to its end; the checker holds what was found.
     pub fn run(&mut self) {
         let end = self.scenario.end;
-        while let Some(Reverse((at, seq))) = self.queue.pop() {
+        while let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() {
             if at > end {
                 break;
             }
             self.now = at;
-            let Some(ev) = self.events.remove(&seq) else { continue };
+            let ev = *ev;
             self.stats.events += 1;
             if self.scenario.trace {
                 println!("{:>12.6} {ev:?}", at as f64 / 1e9);
@@ -166,8 +191,7 @@ impl World {
 
     fn schedule(&mut self, at: Real, ev: Ev) {
         self.seq += 1;
-        self.queue.push(Reverse((at, self.seq)));
-        self.events.insert(self.seq, ev);
+        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Box::new(ev) }));
     }
 
     fn index(&self, id: NodeId) -> Option<usize> {
@@ -296,6 +320,7 @@ impl World {
         if slot.run != run || slot.core.is_none() {
             return;
         }
+        let now = slot.clock.local(self.now);
         let Some((number, writes, messages)) = slot.disk.pop_front() else { return };
         for w in &writes {
             if matches!(w, Write::Acceptor { .. }) {
@@ -304,7 +329,7 @@ impl World {
             slot.durable.apply(w);
         }
         if let Some(core) = slot.core.as_mut() {
-            core.advance(number);
+            core.advance(now, number);
         }
         for t in messages {
             self.send(i, t);

@@ -613,7 +613,7 @@ impl Cluster {
             self.enqueue(id, t.to.0, t.message.clone());
         }
         if ready.needs_advance() {
-            self.node_mut(id).advance(ready.number);
+            self.node_mut(id).advance(now, ready.number);
         }
     }
 }
