@@ -9,7 +9,7 @@
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use keyhome_ring::{NodeId, Ring};
+use keyhome_ring::{KeyDigest, NodeId, Ring};
 
 /// 64 keys, 16 to 32 bytes long.
 fn keys() -> Vec<Vec<u8>> {
@@ -39,6 +39,20 @@ fn bench_home(c: &mut Criterion) {
     group.finish();
 }
 
+/// The same look-ups with the key hashed beforehand ([`KeyDigest`]): the per-member cost alone.
+fn bench_home_of(c: &mut Criterion) {
+    let digests: Vec<KeyDigest> = keys().iter().map(|k| KeyDigest::of(k)).collect();
+    let mut group = c.benchmark_group("home_of");
+    for n in [3u64, 16, 64, 256] {
+        let ring = ring(n);
+        group.bench_with_input(BenchmarkId::from_parameter(n), &ring, |b, ring| {
+            let mut next = digests.iter().cycle();
+            b.iter(|| ring.home_of(black_box(*next.next().unwrap_or(&digests[0]))));
+        });
+    }
+    group.finish();
+}
+
 fn bench_homes(c: &mut Criterion) {
     let keys = keys();
     let mut group = c.benchmark_group("homes_k3");
@@ -52,5 +66,5 @@ fn bench_homes(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_home, bench_homes);
+criterion_group!(benches, bench_home, bench_home_of, bench_homes);
 criterion_main!(benches);
