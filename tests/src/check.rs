@@ -177,6 +177,8 @@ impl Checker {
     /// shrink with time until its own next event. And its rights grow only when its epoch or its
     /// lease end changes, or at an activation instant, where the core sets a timer; other events
     /// need no home check.
+    ///
+    /// Checks the learned epoch, and returns whether [`Checker::check_homes`] must run.
     pub fn after_event(
         &mut self,
         at: Real,
@@ -184,8 +186,7 @@ impl Checker {
         now: Instant,
         timer: bool,
         core: &EpochNode,
-        others: &[(usize, Instant, &EpochNode)],
-    ) {
+    ) -> bool {
         let current = core.current();
         if self.seen_epoch[node] != current.number {
             self.seen_epoch[node] = current.number;
@@ -193,9 +194,20 @@ impl Checker {
         }
         let rights = (current.number, core.lease_until(now));
         let changed = std::mem::replace(&mut self.seen_rights[node], rights) != rights;
-        if !(changed || timer) {
-            return;
-        }
+        changed || timer
+    }
+
+    /// No key `node` may grant at `now` may be granted by any of `others` (each with its own
+    /// clock reading) at the same real instant `at`.
+    pub fn check_homes(
+        &mut self,
+        at: Real,
+        node: usize,
+        now: Instant,
+        core: &EpochNode,
+        others: &[(usize, Instant, &EpochNode)],
+    ) {
+        let current = core.current();
         for k in 0..self.keys.len() {
             let digest = self.keys[k].1;
             if !core.home_active_digest(now, digest) {

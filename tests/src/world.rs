@@ -299,12 +299,13 @@ impl World {
             self.schedule(real, Ev::Timer { node: i, generation });
         }
         let now = self.local(i);
-        if let Some(core) = self.slots[i].core.as_ref() {
-            let others = self.slots.iter().enumerate().filter(|(j, _)| *j != i);
-            let others: Vec<(usize, Instant, &EpochNode)> = others
+        let Some(core) = self.slots[i].core.as_ref() else { return };
+        if self.checker.after_event(self.now, i, now, timer, core) {
+            let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
+                .filter(|(j, _)| *j != i)
                 .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
                 .collect();
-            self.checker.after_event(self.now, i, now, timer, core, &others);
+            self.checker.check_homes(self.now, i, now, core, &others);
         }
     }
 
