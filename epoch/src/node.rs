@@ -293,6 +293,12 @@ impl EpochNode {
         self.history.back().and_then(|learned| learned.ring.home(key))
     }
 
+    /// The home of `key` under `epoch`, if this run learned that epoch and still remembers it.
+    pub fn home_in(&self, epoch: u64, key: &[u8]) -> Option<NodeId> {
+        let learned = self.history.iter().find(|l| l.number == epoch)?;
+        learned.ring.home(key)
+    }
+
     /// Whether this node may grant `key` at `now`: it is the key's home, it holds a home lease,
     /// and no node can still be a granting home of the key under an earlier epoch.
     ///
@@ -636,8 +642,9 @@ impl EpochNode {
     fn next_value(&self, change: &Change, now: Instant) -> Result<EpochRecord, ChangeError> {
         let current = self.current();
         let mut next = change.apply(current)?;
-        // Home leases of the current epoch may outlast the choice of the next by this much.
-        let lease_bound = current.timing.home_lease_bound();
+        // Home leases of the current epoch, and delegations granted under them, may outlast the
+        // choice of the next by this much.
+        let lease_bound = current.timing.fence_bound();
         // Leases of earlier epochs may still run if this node's own wait for them has not ended.
         let earlier = match self.history.back() {
             Some(learned) if now >= learned.fence_until => Duration::ZERO,

@@ -45,10 +45,12 @@ impl Timing {
         clock_rate_ppm: 10_000,
     };
 
-    /// How long, on any node's own clock, a home lease of this epoch can outlive its holder's
-    /// last renewal as seen by an acceptor: the lease widened by the clock-rate bound.
-    pub fn home_lease_bound(&self) -> Duration {
-        rate_margin(self.home_lease, self.clock_rate_ppm)
+    /// How long, on any node's own clock, a grant made under this epoch can stay live after the
+    /// next epoch is chosen: a home lease (the last one renewed before the choice) plus a
+    /// delegation granted at its very end, both widened by the clock-rate bound. A node that
+    /// becomes the home of a key in the next epoch waits this long after learning it.
+    pub fn fence_bound(&self) -> Duration {
+        rate_margin(self.home_lease.saturating_add(self.max_delegation_lease), self.clock_rate_ppm)
     }
 
     /// Checks the ranges; see the `MIN_`/`MAX_` constants.

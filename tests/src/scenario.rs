@@ -18,6 +18,10 @@ pub const CHAOS: Duration = Duration::from_secs(5);
 const HOME_LEASES: [Duration; 3] =
     [Duration::from_millis(200), Duration::from_millis(300), Duration::from_millis(500)];
 
+/// Delegation leases the scenarios pick from.
+const DELEGATION_LEASES: [Duration; 3] =
+    [Duration::from_millis(20), Duration::from_millis(100), Duration::from_millis(1000)];
+
 /// Choices the caller may fix instead of the seed.
 #[derive(Clone, Debug, Default)]
 pub struct Options {
@@ -140,7 +144,14 @@ impl Scenario {
         let nodes = members + 2;
         let timing = Timing {
             home_lease: HOME_LEASES[rng.range(0, 2) as usize],
-            max_delegation_lease: Duration::from_secs(1),
+            // Short delegations in hostile runs: the activation wait covers home lease and
+            // delegation lease, and a long delegation lease would hide a broken lease cut-off
+            // behind its margin in a run that grants no delegations.
+            max_delegation_lease: if options.hostile {
+                DELEGATION_LEASES[0]
+            } else {
+                DELEGATION_LEASES[rng.range(0, 2) as usize]
+            },
             clock_rate_ppm: 10_000,
         };
         let genesis_members = (1..=members as u64)
