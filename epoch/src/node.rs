@@ -193,8 +193,8 @@ pub struct EpochNode {
     last_catch_up: Option<(u64, Instant)>,
     /// Messages to self, handled before control returns to the driver.
     local: VecDeque<Body>,
-    /// Messages to self produced while a write was pending: like any other message, they count
-    /// only once this node's writes are durable (the own vote and the own lease grant included).
+    /// Replies to self (the own votes and lease grant) produced while a write was pending: like
+    /// a remote acceptor's, they count only once this node's writes are durable.
     local_gated: Vec<Body>,
     out: Ready,
     /// Number of the newest `Ready` handed out with writes or persisted messages.
@@ -254,6 +254,7 @@ impl EpochNode {
         if node.durable.acceptor.accepted.is_some() {
             node.schedule_recovery(now);
         }
+        node.drain_local(now);
         node
     }
 
@@ -434,10 +435,10 @@ impl EpochNode {
     /// messages, at `now`. Advancing a `Ready` that needed no advance is harmless.
     pub fn advance(&mut self, now: Instant, number: u64) {
         self.advanced = self.advanced.max(number.min(self.next_ready - 1));
-        if !self.writes_pending() && !self.local_gated.is_empty() {
+        if !self.writes_pending() {
             self.local.extend(self.local_gated.drain(..));
-            self.drain_local(now);
         }
+        self.drain_local(now);
     }
 
     // ---- message handling ----
@@ -758,7 +759,12 @@ impl EpochNode {
 
     fn send(&mut self, to: NodeId, body: Body) {
         if to == self.config.id {
-            if self.writes_pending() {
+            // Requests to self are handled at once, so the own promise and acceptance are written
+            // before anything that depends on them can leave: an accept for a ballot leaves only
+            // after this node's own promise of it is durable, which is what keeps a restarted
+            // proposer from reusing a ballot. Replies wait for durability, like remote ones.
+            let reply = matches!(body, Body::Vote { .. } | Body::LeaseGrant { .. });
+            if reply && self.writes_pending() {
                 self.local_gated.push(body);
             } else {
                 self.local.push_back(body);

@@ -140,9 +140,25 @@ impl Checker {
         }
     }
 
-    /// `node` (running as `incarnation`) sent `message`.
-    pub fn sent(&mut self, at: Real, node: usize, incarnation: u64, message: &Message) {
+    /// `node` (running as `incarnation`, its disk holding the promise `promised`) sent `message`.
+    pub fn sent(
+        &mut self,
+        at: Real,
+        node: usize,
+        incarnation: u64,
+        promised: Option<Ballot>,
+        message: &Message,
+    ) {
         self.watch_votes(at, node, message);
+        // An accept leaves only after the proposer's own promise of its ballot is durable, so a
+        // restarted proposer never reuses the ballot with another value.
+        if let Body::Accept { ballot, .. } = &message.body
+            && promised < Some(*ballot)
+        {
+            let detail =
+                format!("node {node} sent an accept at {ballot:?} with {promised:?} durably promised");
+            self.violation(at, Kind::Fork, detail);
+        }
         // Lease requests and grants act under the epoch they carry.
         let acting = matches!(message.body, Body::LeaseRequest { .. } | Body::LeaseGrant { .. })
             .then_some(message.epoch);

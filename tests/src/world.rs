@@ -344,7 +344,8 @@ impl World {
     fn send(&mut self, i: usize, t: Transmit) {
         self.stats.messages += 1;
         if let Some(core) = self.slots[i].core.as_ref() {
-            self.checker.sent(self.now, i, core.incarnation(), &t.message);
+            let promised = self.slots[i].durable.acceptor.promised;
+            self.checker.sent(self.now, i, core.incarnation(), promised, &t.message);
         }
         match t.message.body {
             Body::Chosen(_) if self.rng.chance(self.lose_chosen) => return,

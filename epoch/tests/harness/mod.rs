@@ -556,6 +556,15 @@ impl Cluster {
     }
 
     fn enqueue(&mut self, from: u64, to: u64, message: Message) {
+        // Every test checks this: an accept for a ballot leaves a proposer only after its own
+        // promise of that ballot (or a higher one) is durable, so no restart can reuse the ballot.
+        if let Body::Accept { ballot, .. } = &message.body {
+            let promised = self.host(from).durable.acceptor.promised;
+            assert!(
+                promised >= Some(*ballot),
+                "node {from} sent an accept at {ballot:?} with only {promised:?} durably promised"
+            );
+        }
         let envelope = Envelope { seq: self.next_seq, at: self.now, from, to, message };
         self.next_seq += 1;
         self.sent.push(envelope.clone());
