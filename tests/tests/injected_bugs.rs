@@ -48,7 +48,10 @@ fn skipping_the_activation_wait_is_caught() {
 
 #[test]
 fn a_floor_that_is_not_durable_is_caught() {
-    caught("epoch-floor", &[Kind::BelowFloor]);
+    // Either the restarted node acts below its floor, or, sooner, its acceptor writes for the
+    // slot after an epoch it never stored are dropped by its disk, and it sends an accept its own
+    // durable promise does not cover.
+    caught("epoch-floor", &[Kind::BelowFloor, Kind::Fork]);
 }
 
 #[test]
