@@ -16,6 +16,27 @@ pub trait Authority {
     fn home_of(&self, key: &[u8]) -> Option<NodeId>;
     /// Whether this node may grant `key` at `now` (see [`EpochNode::home_active`]).
     fn home_active(&self, now: Instant, key: &[u8]) -> bool;
+
+    /// Whether this node holds a home lease for its current epoch at `now` (see
+    /// [`EpochNode::holds_lease`]). A home grants a key handed over to it by the key's previous
+    /// home on the lease alone, without the activation wait (see [`crate::home`]).
+    ///
+    /// The default, `false`, is the safe answer: handed-over keys then wait for
+    /// [`Authority::home_active`] like any other.
+    fn holds_lease(&self, now: Instant) -> bool {
+        let _ = now;
+        false
+    }
+
+    /// The home of `key` under epoch `self.epoch() - 1`, if this node learned that epoch and
+    /// remembers its ring; `None` otherwise. A home adopts a handed-over key only from this node.
+    ///
+    /// The default, `None`, is the safe answer: no handover is adopted, so moved keys wait for
+    /// [`Authority::home_active`].
+    fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
+        let _ = key;
+        None
+    }
 }
 
 impl Authority for EpochNode {
@@ -41,5 +62,14 @@ impl Authority for EpochNode {
 
     fn home_active(&self, now: Instant, key: &[u8]) -> bool {
         EpochNode::home_active(self, now, key)
+    }
+
+    fn holds_lease(&self, now: Instant) -> bool {
+        EpochNode::holds_lease(self, now)
+    }
+
+    fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
+        let previous = self.current().number.checked_sub(1)?;
+        self.home_in(previous, key)
     }
 }

@@ -5,15 +5,26 @@
 //! - [`authority`]: what this layer asks of the epoch layer.
 //! - [`limits`]: caps on everything a peer or client can make a node allocate.
 //! - [`guard`]: the [`TokenGuard`] a downstream resource embeds.
+//! - [`home`]: the [`Home`], a key's home side: grants, queues, recalls, expiries, handovers.
+//! - [`holder`]: the holder side of delegations and the local lock table ([`Holder`]).
 
 pub mod authority;
+pub mod bugs;
 pub mod guard;
+pub mod holder;
+pub mod home;
 pub mod limits;
 pub mod message;
 pub mod token;
 
 pub use authority::Authority;
+pub use bugs::Bugs;
 pub use guard::{Stale, TokenGuard};
+pub use holder::{
+    DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,
+    RevokeReason, Ticket,
+};
+pub use home::{Delegation, Home, HomeConfig, KeyStatus};
 pub use limits::Limits;
-pub use message::{Body, Grantee, Key, Message, Refusal};
+pub use message::{Body, Grantee, Handed, Key, Message, Refusal};
 pub use token::{FencingToken, TokenParseError};

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use keyhome_epoch::NodeId;
 use serde::{Deserialize, Serialize};
 
 use crate::token::FencingToken;
@@ -45,6 +46,9 @@ pub enum Body {
     /// Home → holder: the delegation of `key`, valid for `lease` from the instant the holder
     /// sent request `id`. `note` is the previous holder's handoff note; `recovered` says the
     /// previous delegation ended by expiry, not by a clean release, so no note could be handed.
+    /// A home also sets it whenever it cannot vouch that the previous delegation, if any, ended in
+    /// a clean release with this note (see [`crate::home`]). A renewal (same `grantee` as the
+    /// sender's `held`) carries no note and `recovered: false`.
     Grant { key: Key, id: u64, grantee: Grantee, lease: Duration, note: Option<Vec<u8>>, recovered: bool },
     /// Home → requester: request `id` is refused.
     Refuse { key: Key, id: u64, reason: Refusal },
@@ -57,6 +61,33 @@ pub enum Body {
     Check { key: Key, id: u64, token: FencingToken },
     /// Home → asker: the answer to check `id`.
     CheckReply { key: Key, id: u64, current: bool },
+    /// Old home → new home, after an epoch change moved `key` away from the sender: everything
+    /// the sender knows of the key, so the new home need not wait out the old epoch's leases.
+    ///
+    /// The message's epoch is the epoch that moved the key; the sender was the key's home in the
+    /// epoch just before it, and has stopped granting the key. `live` is the delegation that may
+    /// still be live, if any; when it is `Some`, `note`, `recovered` and `lock_delay` are
+    /// meaningless (they are decided by how that delegation ends). Otherwise `note` and
+    /// `recovered` are what the next grant must carry, and `lock_delay` is the rest of a
+    /// lock-delay (zero if none). Durations are measured on the sender's clock at its send instant.
+    /// Resent until acknowledged.
+    Handover { key: Key, live: Option<Handed>, note: Option<Vec<u8>>, recovered: bool, lock_delay: Duration },
+    /// New home → old home: the handover of `key` under this message's epoch is taken care of
+    /// (adopted, or refused so that the new home waits out the old epoch instead); forget the key.
+    HandoverAck { key: Key },
+}
+
+/// A live delegation, as an old home hands it to a key's new home in [`Body::Handover`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Handed {
+    /// The node the delegation was granted to.
+    pub holder: NodeId,
+    pub grantee: Grantee,
+    /// The request id the delegation answered (so a retransmitted request is recognised).
+    pub id: u64,
+    /// How long, on the old home's clock from its send instant, the old home would still have
+    /// treated the delegation as live (its conservative view, already widened for clock rates).
+    pub remaining: Duration,
 }
 
 /// Why a home refuses a request. Each says whether and when to retry.
@@ -84,4 +115,10 @@ pub enum Refusal {
     QueueFull,
     #[error("the request's wait ran out before the key was free")]
     WaitExpired,
+    #[error(
+        "this node is the key's home but may not grant it yet (activation wait or no home lease); retry shortly"
+    )]
+    Activating,
+    #[error("others wait for the key, so the delegation is not extended; release it")]
+    Recalled,
 }

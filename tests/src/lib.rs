@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub mod check;
 pub mod clock;
+pub mod locks;
 pub mod rng;
 pub mod scenario;
 pub mod world;

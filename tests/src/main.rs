@@ -4,6 +4,8 @@
 //! cargo run --release -p keyhome-sim -- --seeds 20000          # seeds 0..20000
 //! cargo run --release -p keyhome-sim -- --seed 1234            # replay one seed, with details
 //! cargo run --release -p keyhome-sim -- --seeds 2000 --bug activation-wait   # see a bug caught
+//! cargo run --release -p keyhome-sim -- --locks --seeds 2000  # clusters with delegations and clients
+//! cargo run --release -p keyhome-sim -- --locks --seeds 500 --lock-bug no-quarantine
 //! ```
 //! The last line is always `seeds: N violations: V rate: R seeds/s`.
 
@@ -21,7 +23,13 @@ const USAGE: &str = "usage: keyhome-sim [--seeds N] [--start S] [--seed S] [--me
                 activation-wait, epoch-floor, incarnation
   --stats       print latency and message statistics
   --hostile     full-strength nemeses and more changes in every seed
-  --trace       print every event (use with --seed)";
+  --trace       print every event (use with --seed)
+  --locks       simulate delegations, local locks and a client workload on top of the epochs
+                (--members then 3..=5; --stats prints lock counters)
+  --lock-bug NAME  with --locks, switch off one rule: deadline-from-receipt, no-rate-margin,
+                release-before-revoke, no-quarantine, ignore-activation, incarnation
+  --strict-handoff  with --locks, report the known hand-back defect (a handed-back grant
+                loses `recovered` or the note) as a violation";
 
 struct Args {
     start: u64,
@@ -31,6 +39,9 @@ struct Args {
     options: Options,
     bug: Option<String>,
     stats: bool,
+    locks: bool,
+    lock_bug: Option<String>,
+    strict_handoff: bool,
 }
 
 /// Parses the command line; `Err` carries the message to print.
@@ -44,6 +55,9 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         options: Options::default(),
         bug: None,
         stats: false,
+        locks: false,
+        lock_bug: None,
+        strict_handoff: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -71,6 +85,15 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 parsed.bug = Some(name);
             }
             "--stats" => parsed.stats = true,
+            "--locks" => parsed.locks = true,
+            "--strict-handoff" => parsed.strict_handoff = true,
+            "--lock-bug" => {
+                let name = value("--lock-bug")?;
+                if keyhome_sim::locks::lock_bug(&name, Default::default()).is_none() {
+                    return Err(format!("unknown lock bug {name}\n{USAGE}"));
+                }
+                parsed.lock_bug = Some(name);
+            }
             "--trace" => parsed.options.trace = true,
             "--hostile" => parsed.options.hostile = true,
             "-h" | "--help" => return Err(USAGE.into()),
@@ -109,6 +132,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if args.locks {
+        return locks_main(&args);
+    }
     let started = Instant::now();
     let reports = run_seeds(args.start..args.start + args.count, &args.options, args.threads, false);
     let elapsed = started.elapsed().as_secs_f64();
@@ -141,6 +167,76 @@ fn main() -> ExitCode {
             percentile(&latencies, 0.9),
             percentile(&latencies, 0.99),
             latencies.last().copied().unwrap_or_default()
+        );
+    }
+    let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
+    let rate = reports.len() as f64 / elapsed.max(1e-9);
+    println!("seeds: {} violations: {} rate: {:.0} seeds/s", reports.len(), violations, rate);
+    if violations == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// `--locks`: the delegation simulation, with the same last line.
+fn locks_main(args: &Args) -> ExitCode {
+    use keyhome_sim::locks::{LockOptions, LockReport, lock_bug, run_lock_seeds};
+    let mut options = LockOptions {
+        members: args.options.members,
+        trace: args.options.trace,
+        hostile: args.options.hostile,
+        epoch_bugs: args.options.bugs,
+        strict_handoff: args.strict_handoff,
+        ..LockOptions::default()
+    };
+    if let Some(name) = &args.lock_bug {
+        options = lock_bug(name, options).expect("checked when parsing");
+    }
+    let started = Instant::now();
+    let reports = run_lock_seeds(args.start..args.start + args.count, &options, args.threads, false);
+    let elapsed = started.elapsed().as_secs_f64();
+    let failed: Vec<&LockReport> = reports.iter().filter(|r| !r.violations.is_empty()).collect();
+    for r in failed.iter().take(20) {
+        println!("seed {} FAILED: {}", r.seed, r.violations[0]);
+        let mut cmd = format!("cargo run --release -p keyhome-sim -- --locks --seed {}", r.seed);
+        if let Some(m) = args.options.members {
+            cmd += &format!(" --members {m}");
+        }
+        if args.options.hostile {
+            cmd += " --hostile";
+        }
+        if let Some(b) = &args.lock_bug {
+            cmd += &format!(" --lock-bug {b}");
+        }
+        if args.strict_handoff {
+            cmd += " --strict-handoff";
+        }
+        println!("  replay: {cmd}");
+    }
+    if failed.len() > 20 {
+        println!("... and {} more failed seeds", failed.len() - 20);
+    }
+    if args.single || args.stats {
+        let sum = |f: fn(&LockReport) -> u64| reports.iter().map(f).sum::<u64>();
+        println!(
+            "events: {} lock calls: {} admissions: {} (at once: {}) failures: {} grants: {} delegation messages: {} epoch messages: {}",
+            sum(|r| r.stats.events),
+            sum(|r| r.stats.lock_calls),
+            sum(|r| r.stats.admissions),
+            sum(|r| r.stats.immediate),
+            sum(|r| r.stats.lock_failures),
+            sum(|r| r.stats.grants),
+            sum(|r| r.stats.deleg_messages),
+            sum(|r| r.stats.epoch_messages),
+        );
+        println!(
+            "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} revoked-not-recovered: {} handback-lost: {} probes ok: {}",
+            sum(|r| r.stats.writes_accepted),
+            sum(|r| r.stats.writes_refused),
+            sum(|r| r.stats.paused_writes_refused),
+            sum(|r| r.stats.pauses),
+            sum(|r| r.stats.notes_delivered),
+            sum(|r| r.stats.recovered),
+            sum(|r| r.stats.revoked_not_recovered),
+            sum(|r| r.stats.handback_lost),
+            sum(|r| r.stats.probes_ok),
         );
     }
     let violations: usize = reports.iter().map(|r| r.violations.len()).sum();

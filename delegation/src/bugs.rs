@@ -1,0 +1,20 @@
+//! Test-only switches that each disable one safety rule of the delegation layer, so the
+//! simulation can show that it notices. Only in builds with the `bug-injection` feature; every
+//! switch is off by default.
+
+/// One switch per safety rule; see the field docs for what each breaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Bugs {
+    /// Holder: a delegation's deadline counts from the grant's receipt, not the request's send.
+    pub deadline_from_receipt: bool,
+    /// Home: a delegation's end is `grant + lease`, without the clock-rate margin.
+    pub no_rate_margin: bool,
+    /// Holder: a recall releases the delegation at once, without waiting for or revoking the
+    /// local handle.
+    pub release_before_revoke: bool,
+    /// Home: no restart quarantine.
+    pub no_quarantine: bool,
+    /// Home: grants a key it is the home of on its home lease alone, without the activation wait
+    /// (a moved key served by the new home without waiting or a handover).
+    pub ignore_activation: bool,
+}

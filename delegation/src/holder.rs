@@ -1,0 +1,1369 @@
+//! The holder side of delegations and the local lock table, as a sans-I/O state machine.
+//!
+//! A [`Holder`] runs on every node. Applications lock keys through it; it asks each key's home
+//! for the key's *delegation* (the exclusive right to admit critical sections on the key for a
+//! bounded time) and, while it holds one, admits local lockers without sending anything.
+//!
+//! Like [`keyhome_epoch::EpochNode`] it does no I/O and reads no clock: the driver hands in the
+//! node's monotonic clock reading (`now`) with every call, feeds it messages
+//! ([`Holder::handle_message`]) and timer expiries ([`Holder::handle_timeout`] at
+//! [`Holder::poll_timeout`]), and drains [`Holder::poll_transmit`] and [`Holder::poll_event`]
+//! after every call.
+//!
+//! # Invariants
+//!
+//! - **Deadlines count from the send instant.** A delegation granted in answer to request `r` ends
+//!   at `send(r) + lease` on this node's clock, where `send(r)` is the instant `r` was *first*
+//!   sent (a resend keeps the id and the original instant) and `lease` is the smaller of what was
+//!   asked and what was granted. The home counts from its receipt of `r`, later than `send(r)`.
+//! - **One local handle per key**, and only while the key's delegation is live and admission is
+//!   open. A handle's deadline never exceeds the delegation's.
+//! - **Tokens strictly increase per key**: `grantee.token(local_seq)` with `local_seq` increasing
+//!   per delegation, and a delegation is only used if its grantee is not below the last one this
+//!   holder used for the key (an equal grantee continues its sequence).
+//! - **Every handle ends exactly once**: by a successful [`Holder::unlock`], or by one
+//!   [`Event::Revoked`]; after the event, the handle's next use returns [`LockError::Revoked`] or
+//!   [`LockError::Expired`].
+//! - **Nothing is held that is not needed**: idle delegations are released after
+//!   [`HolderConfig::idle_release`]; grants that are late, stray, duplicated or no longer wanted
+//!   are handed back with `Release` (carrying their note) while they may still be live.
+//!
+//! # Timers
+//!
+//! Each key has one scheduled wake-up in a heap; actions only push a new one when they make the
+//! key's next deadline earlier. After [`Holder::handle_timeout`]`(now)` every remaining wake-up is
+//! strictly after `now`, so a driver that sleeps until [`Holder::poll_timeout`] never spins.
+//! [`Holder::try_lock`] and [`Holder::unlock`] take no [`Authority`], so when they need a request
+//! sent they schedule a wake-up at their own `now`: a driver calls `handle_timeout` as soon as
+//! `poll_timeout` is not in the future.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::time::Duration;
+
+use keyhome_epoch::{Instant, NodeId};
+
+use crate::authority::Authority;
+use crate::limits::Limits;
+use crate::message::{Body, Grantee, Message, Refusal};
+use crate::token::FencingToken;
+
+/// How many revoked handles are remembered, so that their next use says why they were lost.
+const TOMBSTONES: usize = 4096;
+/// How many sent requests are remembered to judge whether a stray grant may still be live.
+const RECENT_REQUESTS: usize = 65_536;
+/// The refusal back-off doubles per consecutive refusal, at most this many times.
+const MAX_DOUBLINGS: u32 = 5;
+/// Shortest `retry` and `resend` accepted: zero would let a timer fire at its own instant forever.
+const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
+/// Settings of one node's holder. Build with [`HolderConfig::new`] and adjust fields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderConfig {
+    /// This node.
+    pub id: NodeId,
+    /// Caps on keys, notes and local waiters.
+    pub limits: Limits,
+    /// Lease asked for per delegation (capped by the epoch's `max_delegation_lease`). Default 10 s.
+    pub lease: Duration,
+    /// After a recall, how long the current local handle may still finish before it is revoked.
+    /// Default 1 s.
+    pub grace: Duration,
+    /// A delegation with no handle, no waiter and no local call for this long is released.
+    /// Default 2 s.
+    pub idle_release: Duration,
+    /// A grant arriving with less than this left before its deadline is handed back unused.
+    /// Default 50 ms.
+    pub min_useful: Duration,
+    /// First back-off after a refusal worth retrying; doubles per consecutive refusal (up to 32×).
+    /// At least 1 ms. Default 50 ms.
+    pub retry: Duration,
+    /// A request unanswered this long is sent again, with the same id. At least 1 ms. Default 1 s.
+    pub resend: Duration,
+    /// How long a request started by a failed [`Holder::try_lock`] asks the home to wait.
+    /// Default 2 s.
+    pub prefetch_wait: Duration,
+    /// Safety rules switched off, for tests that show the simulation notices. All off by default.
+    #[cfg(feature = "bug-injection")]
+    pub bugs: crate::bugs::Bugs,
+}
+
+impl HolderConfig {
+    /// The defaults: default [`Limits`], 10 s leases, 1 s grace, 2 s idle release, 50 ms minimum
+    /// useful grant, 50 ms first retry, 1 s resend, 2 s prefetch wait.
+    pub fn new(id: NodeId) -> HolderConfig {
+        HolderConfig {
+            id,
+            limits: Limits::DEFAULT,
+            lease: Duration::from_secs(10),
+            grace: Duration::from_secs(1),
+            idle_release: Duration::from_secs(2),
+            min_useful: Duration::from_millis(50),
+            retry: Duration::from_millis(50),
+            resend: Duration::from_secs(1),
+            prefetch_wait: Duration::from_secs(2),
+            #[cfg(feature = "bug-injection")]
+            bugs: crate::bugs::Bugs::default(),
+        }
+    }
+
+    /// The switches in force (all off without the `bug-injection` feature).
+    fn bugs(&self) -> crate::bugs::Bugs {
+        #[cfg(feature = "bug-injection")]
+        return self.bugs;
+        #[cfg(not(feature = "bug-injection"))]
+        crate::bugs::Bugs::default()
+    }
+
+    /// The back-off after `refusals` consecutive refusals.
+    fn backoff(&self, refusals: u32) -> Duration {
+        self.retry.saturating_mul(1 << refusals.min(MAX_DOUBLINGS))
+    }
+}
+
+/// Names one local handle. Unique within one [`Holder`]: never reused, even after the handle ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HandleId {
+    serial: u64,
+    slot: u32,
+}
+
+impl HandleId {
+    /// A number unique among this holder's handles and tickets, increasing in issue order.
+    pub fn serial(self) -> u64 {
+        self.serial
+    }
+}
+
+/// Names one pending [`Holder::lock`]; its outcome arrives as [`Event::Locked`] or
+/// [`Event::LockFailed`]. Unique within one [`Holder`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Ticket {
+    serial: u64,
+    slot: u32,
+}
+
+impl Ticket {
+    /// A number unique among this holder's handles and tickets, increasing in issue order.
+    pub fn serial(self) -> u64 {
+        self.serial
+    }
+}
+
+/// One admission: the right to act on `key` until `deadline`, proved downstream by `token`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Handle {
+    pub id: HandleId,
+    pub key: Vec<u8>,
+    /// Strictly greater than every earlier admission's token for this key.
+    pub token: FencingToken,
+    /// The handle is valid before this instant of this node's clock (`min(now + ttl, delegation
+    /// deadline)` at admission) unless a recall revokes it earlier, after the grace period (an
+    /// [`Event::Revoked`] says so). A renewed delegation may silently extend the handle up to its
+    /// ttl, never shorten it; [`Holder::renew`] reports the current value.
+    pub deadline: Instant,
+    /// The previous holder's handoff note: set on the first admission after a grant only.
+    pub note: Option<Vec<u8>>,
+    /// The delegation followed an expiry, not a clean release, so the previous holder may have
+    /// written without handing a note. Set on the first admission after a grant only.
+    pub recovered: bool,
+}
+
+/// What [`Holder::lock`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockOutcome {
+    /// Admitted at once, without any message.
+    Locked(Handle),
+    /// Queued: the outcome arrives later as [`Event::Locked`] or [`Event::LockFailed`].
+    Pending(Ticket),
+}
+
+/// Why a handle was taken away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RevokeReason {
+    /// The home recalled the delegation and the grace period ran out.
+    Recalled,
+    /// The handle's deadline passed: its ttl ran out or the delegation expired.
+    Expired,
+}
+
+/// Something the application or the driver must learn about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A pending lock was admitted.
+    Locked { ticket: Ticket, handle: Handle },
+    /// A pending lock failed: [`LockError::Timeout`], [`LockError::Refused`].
+    LockFailed { ticket: Ticket, error: LockError },
+    /// A handle was taken away; its next use fails with [`LockError::Revoked`] (reason
+    /// `Recalled`) or [`LockError::Expired`] (reason `Expired`).
+    Revoked { handle: HandleId, key: Vec<u8>, reason: RevokeReason },
+}
+
+/// Why a lock call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    #[error("the key cannot be admitted locally right now")]
+    WouldBlock,
+    #[error("the key is longer than this node accepts")]
+    KeyTooLong,
+    #[error("a lock's ttl must be more than zero")]
+    ZeroTtl,
+    #[error("too many local lockers already wait for this key")]
+    QueueFull,
+    #[error("the handoff note is larger than this node accepts; the lock is still held")]
+    NoteTooLarge,
+    #[error("no home is known for the key: this node knows no epoch with members")]
+    NoHome,
+    #[error("the wait ran out before the lock was admitted")]
+    Timeout,
+    #[error("the key's home refused: {0}")]
+    Refused(Refusal),
+    #[error("the handle was revoked after a recall; the lock is lost")]
+    Revoked,
+    #[error("the handle's deadline passed; the lock is lost")]
+    Expired,
+    #[error("no such handle: it was unlocked already, never issued, or its loss was already reported")]
+    UnknownHandle,
+}
+
+/// A delegation this holder holds, as [`Holder::delegation`] reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DelegationInfo {
+    pub grantee: Grantee,
+    /// End of the delegation on this node's clock.
+    pub deadline: Instant,
+    /// A recall closed admission; the delegation is released once the local handle is done.
+    pub recalling: bool,
+}
+
+/// The holder side of delegations and the local lock table of one node. See the module docs.
+#[derive(Debug)]
+pub struct Holder {
+    config: HolderConfig,
+    /// Key → slot in `slots`.
+    index: HashMap<Vec<u8>, u32>,
+    slots: Vec<Option<Entry>>,
+    free: Vec<u32>,
+    /// Wake-ups `(at, slot)`; an item counts only while it equals its entry's `scheduled`.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// Scratch list of the keys due in one `handle_timeout`.
+    due: Vec<u32>,
+    io: Io,
+}
+
+/// Everything but the lock table, so entries and outputs can be borrowed at once.
+#[derive(Debug)]
+struct Io {
+    /// The epoch stamped on outgoing messages: the latest `auth.epoch()` handed in.
+    epoch: u64,
+    next_serial: u64,
+    /// Low 32 bits of request ids; the high bits are the run's incarnation.
+    request_count: u64,
+    /// Requests sent in this run, by increasing id, while a grant for them may be live.
+    recent: VecDeque<Sent>,
+    /// First and last request id of this run.
+    issued: Option<(u64, u64)>,
+    /// Highest id dropped from `recent` for lack of room rather than age.
+    forgotten: u64,
+    tombstones: HashMap<u64, RevokeReason>,
+    tomb_order: VecDeque<u64>,
+    out: VecDeque<(NodeId, Message)>,
+    events: VecDeque<Event>,
+}
+
+#[derive(Debug)]
+struct Sent {
+    id: u64,
+    at: Instant,
+    lease: Duration,
+}
+
+/// Everything one key needs. Exists while any field is in use; see [`Entry::is_empty`].
+#[derive(Debug)]
+struct Entry {
+    key: Vec<u8>,
+    deleg: Option<Delegation>,
+    /// The local handle. Some only while `deleg` is.
+    local: Option<Local>,
+    /// Local lockers, first come first admitted.
+    waiters: VecDeque<Waiter>,
+    /// The note the next `Release` carries: the grant's note, replaced by every unlock's note,
+    /// cleared by a revocation.
+    note: Option<Vec<u8>>,
+    /// The outstanding request for this key (acquisition, or renewal when `held` is set).
+    request: Option<Request>,
+    /// Earliest instant of the next acquisition request.
+    retry_at: Instant,
+    /// Consecutive refusals, for the back-off.
+    refusals: u32,
+    /// A failed `try_lock` wants the delegation until then.
+    want_until: Option<Instant>,
+    /// The delegation this key had last, while its home may still speak of it.
+    past: Option<Past>,
+    /// The wake-up of this entry in the heap, if any.
+    scheduled: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Delegation {
+    grantee: Grantee,
+    /// Where `Release` goes: the node that granted it or recalled it last.
+    home: NodeId,
+    lease: Duration,
+    /// `send instant of the granting request + lease`.
+    deadline: Instant,
+    /// When to renew if busy: half the lease after the granting request's send instant.
+    renew_at: Instant,
+    next_seq: u64,
+    /// Set by a recall: admission is closed and the local handle is revoked at this instant.
+    revoke_at: Option<Instant>,
+    /// No admission yet under this delegation: the next one carries the grant's note and flag.
+    fresh: bool,
+    recovered: bool,
+    last_activity: Instant,
+    /// Local activity since the last renewal was sent.
+    active: bool,
+}
+
+#[derive(Debug)]
+struct Local {
+    serial: u64,
+    deadline: Instant,
+    /// `now + ttl` as last asked: how far a renewed delegation may extend the deadline.
+    until: Instant,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    serial: u64,
+    ttl: Duration,
+    until: Instant,
+}
+
+#[derive(Debug)]
+struct Request {
+    id: u64,
+    to: NodeId,
+    /// First send: the grant's deadline counts from here.
+    sent_at: Instant,
+    last_sent: Instant,
+    lease: Duration,
+    held: Option<Grantee>,
+}
+
+#[derive(Debug)]
+struct Past {
+    grantee: Grantee,
+    /// The note it was released with, to repeat if the home recalls it again.
+    note: Option<Vec<u8>>,
+    /// Released cleanly (else it expired).
+    released: bool,
+    next_seq: u64,
+    until: Instant,
+}
+
+impl Holder {
+    /// A holder that holds nothing. `now` is the creation instant on this node's clock.
+    ///
+    /// `config.retry` and `config.resend` are raised to at least 1 ms.
+    pub fn new(mut config: HolderConfig, now: Instant) -> Holder {
+        config.retry = config.retry.max(MIN_INTERVAL);
+        config.resend = config.resend.max(MIN_INTERVAL);
+        let _ = now;
+        Holder {
+            config,
+            index: HashMap::new(),
+            slots: Vec::new(),
+            free: Vec::new(),
+            timers: BinaryHeap::new(),
+            due: Vec::new(),
+            io: Io {
+                epoch: 0,
+                next_serial: 0,
+                request_count: 0,
+                recent: VecDeque::new(),
+                issued: None,
+                forgotten: 0,
+                tombstones: HashMap::new(),
+                tomb_order: VecDeque::new(),
+                out: VecDeque::new(),
+                events: VecDeque::new(),
+            },
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &HolderConfig {
+        &self.config
+    }
+
+    /// The live delegation this holder holds for `key` at `now`, if any.
+    pub fn delegation(&self, now: Instant, key: &[u8]) -> Option<DelegationInfo> {
+        let d = self.entry(*self.index.get(key)?)?.deleg.as_ref()?;
+        (now < d.deadline).then_some(DelegationInfo {
+            grantee: d.grantee,
+            deadline: d.deadline,
+            recalling: d.revoke_at.is_some(),
+        })
+    }
+
+    /// How many keys this holder tracks (delegations, waiters, requests, recent history).
+    pub fn tracked_keys(&self) -> usize {
+        self.index.len()
+    }
+
+    // ---- client calls ----
+
+    /// Admits `key` at once if this node holds its live delegation, admission is open, and no
+    /// local handle or waiter is ahead; sends nothing then.
+    ///
+    /// Otherwise fails with [`LockError::WouldBlock`]; and if the key has neither a delegation
+    /// nor an outstanding request, it starts asking the home for one (asking it to wait
+    /// [`HolderConfig::prefetch_wait`]), so a later `try_lock` can succeed. That request leaves
+    /// at the next [`Holder::handle_timeout`]; `poll_timeout` then returns `now`.
+    ///
+    /// `ttl` (more than zero) bounds the handle: its deadline is `min(now + ttl, delegation
+    /// deadline)`. Keys longer than `limits.max_key_len` fail with [`LockError::KeyTooLong`]
+    /// before anything is allocated.
+    pub fn try_lock(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Result<Handle, LockError> {
+        self.check(key, ttl)?;
+        if let Some(handle) = self.admit_now(now, key, ttl) {
+            return Ok(handle);
+        }
+        self.prefetch(now, key);
+        Err(LockError::WouldBlock)
+    }
+
+    /// Locks `key` for `ttl`, waiting at most `wait` (from `now`).
+    ///
+    /// With the key's live delegation held, admission open and nobody ahead, returns
+    /// [`LockOutcome::Locked`] at once and sends nothing. Otherwise queues the locker (FIFO per
+    /// key, at most `limits.max_waiters_per_key`, else [`LockError::QueueFull`]), asks the key's
+    /// home (`auth.home_of(key)`) for the delegation if nothing is held or asked yet, and returns
+    /// [`LockOutcome::Pending`]; the outcome arrives as [`Event::Locked`] or
+    /// [`Event::LockFailed`] ([`LockError::Timeout`] at `now + wait`, [`LockError::Refused`]).
+    ///
+    /// A zero `wait` behaves as [`Holder::try_lock`]. Fails with [`LockError::KeyTooLong`] before
+    /// allocating anything, [`LockError::ZeroTtl`], or [`LockError::NoHome`] if a request is
+    /// needed and `auth` names no home.
+    pub fn lock<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        key: &[u8],
+        ttl: Duration,
+        wait: Duration,
+        auth: &A,
+    ) -> Result<LockOutcome, LockError> {
+        self.check(key, ttl)?;
+        if let Some(handle) = self.admit_now(now, key, ttl) {
+            return Ok(LockOutcome::Locked(handle));
+        }
+        if wait.is_zero() {
+            self.prefetch(now, key);
+            return Err(LockError::WouldBlock);
+        }
+        self.io.epoch = auth.epoch();
+        let existing = self.index.get(key).copied();
+        let held = existing.and_then(|s| self.entry(s)).is_some_and(|e| e.deleg.is_some());
+        if !held && auth.home_of(key).is_none() {
+            return Err(LockError::NoHome);
+        }
+        if existing.and_then(|s| self.entry(s)).map_or(0, |e| e.waiters.len())
+            >= self.config.limits.max_waiters_per_key
+        {
+            return Err(LockError::QueueFull);
+        }
+        let slot = match existing {
+            Some(slot) => slot,
+            None => self.insert(now, key),
+        };
+        let serial = self.io.serial();
+        let e = self.slots[slot as usize].as_mut().expect("slot just looked up");
+        e.waiters.push_back(Waiter { serial, ttl, until: now + wait });
+        self.process(now, slot, auth);
+        Ok(LockOutcome::Pending(Ticket { serial, slot }))
+    }
+
+    /// Extends a live handle to `min(now + ttl, delegation deadline)` (and no later than the
+    /// revocation instant while a recall is under way) and returns that new deadline. A shorter
+    /// `ttl` shortens it. Sends nothing.
+    ///
+    /// Fails with [`LockError::Revoked`] or [`LockError::Expired`] (once) for a handle that was
+    /// taken away, [`LockError::UnknownHandle`] for one that was unlocked, and
+    /// [`LockError::ZeroTtl`].
+    pub fn renew(&mut self, now: Instant, handle: HandleId, ttl: Duration) -> Result<Instant, LockError> {
+        if ttl.is_zero() {
+            return Err(LockError::ZeroTtl);
+        }
+        let slot = self.live(now, handle)?;
+        let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
+        let d = e.deleg.as_mut().expect("a local handle lives under a delegation");
+        let until = now + ttl;
+        let mut deadline = until.min(d.deadline);
+        if let Some(at) = d.revoke_at {
+            deadline = deadline.min(at);
+        }
+        d.last_activity = now;
+        d.active = true;
+        let local = e.local.as_mut().expect("live handle");
+        local.until = until;
+        local.deadline = deadline;
+        self.reschedule(slot);
+        Ok(deadline)
+    }
+
+    /// Ends a live handle. `note` (at most `limits.max_note_len` bytes, else
+    /// [`LockError::NoteTooLarge`] and the lock stays held) becomes the handoff note of the key's
+    /// next `Release`, replacing any earlier one.
+    ///
+    /// The next local waiter is admitted at once (as [`Event::Locked`]), with no message. While a
+    /// recall is under way the delegation is released at once instead, with this note. Errors as
+    /// for [`Holder::renew`].
+    pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
+        if note.as_ref().is_some_and(|n| n.len() > self.config.limits.max_note_len) {
+            return Err(LockError::NoteTooLarge);
+        }
+        let slot = self.live(now, handle)?;
+        let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
+        e.local = None;
+        e.note = note;
+        if let Some(d) = e.deleg.as_mut() {
+            d.last_activity = now;
+            d.active = true;
+        }
+        e.settle(slot, now, &mut self.io);
+        self.reschedule(slot);
+        Ok(())
+    }
+
+    /// Withdraws a pending lock. Returns whether it was still pending (no event follows then).
+    pub fn cancel(&mut self, now: Instant, ticket: Ticket) -> bool {
+        let Some(e) = self.slots.get_mut(ticket.slot as usize).and_then(Option::as_mut) else {
+            return false;
+        };
+        let Some(i) = e.waiters.iter().position(|w| w.serial == ticket.serial) else { return false };
+        e.waiters.remove(i);
+        let _ = now;
+        self.tidy(ticket.slot);
+        true
+    }
+
+    // ---- network and timers ----
+
+    /// Handles a message from `from` (authenticated by the driver). Grants, refusals and recalls
+    /// are the holder's business; other kinds are ignored.
+    pub fn handle_message<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        message: Message,
+        auth: &A,
+    ) {
+        self.io.epoch = auth.epoch();
+        match message.body {
+            Body::Grant { key, id, grantee, lease, note, recovered } => {
+                self.on_grant(now, from, GrantMsg { key, id, grantee, lease, note, recovered }, auth)
+            }
+            Body::Refuse { key, id, reason } => self.on_refuse(now, from, &key, id, reason, auth),
+            Body::Recall { key, grantee } => self.on_recall(now, from, &key, grantee, auth),
+            _ => {}
+        }
+    }
+
+    /// Handles timer expiry: delegation and handle deadlines, recall grace, waiter timeouts,
+    /// renewals, idle releases, retries and resends. Harmless to call early or often.
+    pub fn handle_timeout<A: Authority + ?Sized>(&mut self, now: Instant, auth: &A) {
+        self.io.epoch = auth.epoch();
+        // Collect first, then process: each due key is processed once per call, so even a bug
+        // that scheduled a wake-up at `now` could not loop here forever.
+        let mut due = std::mem::take(&mut self.due);
+        while let Some(&Reverse((at, slot))) = self.timers.peek() {
+            if at > now {
+                break;
+            }
+            self.timers.pop();
+            if let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut)
+                && e.scheduled == Some(at)
+            {
+                e.scheduled = None;
+                due.push(slot);
+            }
+        }
+        for &slot in &due {
+            self.process(now, slot, auth);
+        }
+        due.clear();
+        self.due = due;
+    }
+
+    /// The earliest instant at which [`Holder::handle_timeout`] must be called; `None` when
+    /// nothing is scheduled. After `handle_timeout(now)` it is always later than `now`.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next message to send, with its destination. Messages carry the epoch of the latest
+    /// [`Authority`] handed in.
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, Message)> {
+        self.io.out.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.io.events.pop_front()
+    }
+
+    // ---- internals: lock table ----
+
+    fn entry(&self, slot: u32) -> Option<&Entry> {
+        self.slots.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    fn check(&self, key: &[u8], ttl: Duration) -> Result<(), LockError> {
+        if key.len() > self.config.limits.max_key_len {
+            return Err(LockError::KeyTooLong);
+        }
+        if ttl.is_zero() {
+            return Err(LockError::ZeroTtl);
+        }
+        Ok(())
+    }
+
+    /// The hot path: look the key up without allocating and admit if possible.
+    fn admit_now(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Option<Handle> {
+        let slot = *self.index.get(key)?;
+        let e = self.slots[slot as usize].as_mut()?;
+        if !e.can_admit(now) {
+            return None;
+        }
+        let handle = e.admit(slot, now, ttl, &mut self.io);
+        self.reschedule(slot);
+        Some(handle)
+    }
+
+    fn prefetch(&mut self, now: Instant, key: &[u8]) {
+        let slot = match self.index.get(key) {
+            Some(&slot) => slot,
+            None => self.insert(now, key),
+        };
+        let e = self.slots[slot as usize].as_mut().expect("slot just looked up");
+        if e.deleg.is_none() && e.request.is_none() {
+            let until = now + self.config.prefetch_wait;
+            e.want_until = Some(e.want_until.map_or(until, |u| u.max(until)));
+        }
+        self.tidy(slot);
+    }
+
+    fn insert(&mut self, now: Instant, key: &[u8]) -> u32 {
+        let entry = Entry {
+            key: key.to_vec(),
+            deleg: None,
+            local: None,
+            waiters: VecDeque::new(),
+            note: None,
+            request: None,
+            retry_at: now,
+            refusals: 0,
+            want_until: None,
+            past: None,
+            scheduled: None,
+        };
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.slots[slot as usize] = Some(entry);
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.slots.len()).expect("fewer than 2^32 keys");
+                self.slots.push(Some(entry));
+                slot
+            }
+        };
+        self.index.insert(key.to_vec(), slot);
+        slot
+    }
+
+    /// The slot of a live handle, or why it is not one. A handle found past its deadline is
+    /// expired on the spot (with its event) and reported as such.
+    fn live(&mut self, now: Instant, id: HandleId) -> Result<u32, LockError> {
+        let slot = id.slot;
+        if let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut)
+            && let Some(local) = &e.local
+            && local.serial == id.serial
+        {
+            if now < local.deadline {
+                return Ok(slot);
+            }
+            self.io.revoke(slot, e, RevokeReason::Expired);
+            e.settle(slot, now, &mut self.io);
+            self.io.tombstones.remove(&id.serial);
+            self.reschedule(slot);
+            return Err(LockError::Expired);
+        }
+        match self.io.tombstones.remove(&id.serial) {
+            Some(RevokeReason::Recalled) => Err(LockError::Revoked),
+            Some(RevokeReason::Expired) => Err(LockError::Expired),
+            None => Err(LockError::UnknownHandle),
+        }
+    }
+
+    /// Runs every timer of one entry that is due at `now`, sends what is owed, and reschedules.
+    fn process<A: Authority + ?Sized>(&mut self, now: Instant, slot: u32, auth: &A) {
+        let config = &self.config;
+        let io = &mut self.io;
+        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
+        if e.deleg.as_ref().is_some_and(|d| now >= d.deadline) {
+            e.expire(slot, now, io);
+        }
+        if e.local.as_ref().is_some_and(|l| now >= l.deadline) {
+            io.revoke(slot, e, RevokeReason::Expired);
+        }
+        if e.deleg.as_ref().and_then(|d| d.revoke_at).is_some_and(|at| now >= at) {
+            io.revoke(slot, e, RevokeReason::Recalled);
+        }
+        e.settle(slot, now, io);
+        if e.want_until.is_some_and(|until| now >= until) {
+            e.want_until = None;
+        }
+        if let Some(d) = &e.deleg
+            && d.revoke_at.is_none()
+            && e.local.is_none()
+            && e.waiters.is_empty()
+            && now >= d.last_activity + config.idle_release
+        {
+            e.release(now, io);
+        }
+        e.drive_requests(now, config, io, auth);
+        if e.past.as_ref().is_some_and(|p| now >= p.until) {
+            e.past = None;
+        }
+        self.tidy(slot);
+    }
+
+    /// Drops an entry nothing uses any more, or reschedules it.
+    fn tidy(&mut self, slot: u32) {
+        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
+        if e.is_empty() {
+            let e = self.slots[slot as usize].take().expect("entry present");
+            self.index.remove(e.key.as_slice());
+            self.free.push(slot);
+            return;
+        }
+        self.reschedule(slot);
+    }
+
+    /// Pushes the entry's next wake-up if it is earlier than the one already scheduled.
+    fn reschedule(&mut self, slot: u32) {
+        let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
+        let Some(at) = e.next_wake(&self.config) else { return };
+        if e.scheduled.is_some_and(|s| s <= at) {
+            return;
+        }
+        e.scheduled = Some(at);
+        self.timers.push(Reverse((at, slot)));
+        if self.timers.len() > 64 + 2 * self.index.len() {
+            // Superseded wake-ups pile up only when deadlines keep moving earlier; rebuild.
+            self.timers = self
+                .slots
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some(Reverse((e.as_ref()?.scheduled?, i as u32))))
+                .collect();
+        }
+    }
+
+    // ---- internals: messages ----
+
+    fn on_grant<A: Authority + ?Sized>(&mut self, now: Instant, from: NodeId, g: GrantMsg, auth: &A) {
+        let slot = self.index.get(g.key.as_slice()).copied();
+        let matched = slot.filter(|&s| {
+            self.entry(s).and_then(|e| e.request.as_ref()).is_some_and(|r| r.id == g.id && r.to == from)
+        });
+        let Some(slot) = matched else {
+            return self.stray_grant(now, from, slot, g);
+        };
+        let config = &self.config;
+        let io = &mut self.io;
+        let e = self.slots[slot as usize].as_mut().expect("matched entry");
+        let r = e.request.take().expect("matched request");
+        let lease = g.lease.min(r.lease);
+        let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
+        match (&mut e.deleg, r.held) {
+            (Some(d), Some(held)) if held == d.grantee => {
+                // Renewal: the deadline again counts from this request's send instant. A grantee
+                // older than the one held is ignored (its tokens would be lower).
+                if g.grantee >= d.grantee {
+                    if g.grantee > d.grantee {
+                        d.grantee = g.grantee;
+                        d.next_seq = 0;
+                    }
+                    d.home = from;
+                    d.lease = lease;
+                    d.deadline = deadline;
+                    d.renew_at = r.sent_at + lease / 2;
+                    if let Some(local) = &mut e.local {
+                        local.deadline = local.until.min(deadline);
+                    }
+                    e.refusals = 0;
+                }
+            }
+            (None, None) => {
+                let next_seq = e.next_seq_for(g.grantee);
+                let useful = deadline.saturating_duration_since(now) >= config.min_useful;
+                match next_seq {
+                    Some(next_seq) if useful => {
+                        e.deleg = Some(Delegation {
+                            grantee: g.grantee,
+                            home: from,
+                            lease,
+                            deadline,
+                            renew_at: r.sent_at + lease / 2,
+                            next_seq,
+                            revoke_at: None,
+                            fresh: true,
+                            recovered: g.recovered,
+                            last_activity: now,
+                            active: false,
+                        });
+                        e.note = g.note;
+                        e.past = None;
+                        e.want_until = None;
+                        e.refusals = 0;
+                        e.settle(slot, now, io);
+                    }
+                    _ => {
+                        // Too late to be useful (or below a grantee already used): hand it back
+                        // with its note, so the next holder still gets it, and ask again.
+                        io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+                        e.retry_at = now;
+                    }
+                }
+            }
+            _ => {
+                // Cannot happen (a renewal is forgotten with its delegation, and nothing is
+                // acquired while a delegation is held), but never use or keep it.
+                let held = e.deleg.as_ref().is_some_and(|d| d.grantee == g.grantee);
+                if !held && now < deadline {
+                    io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+                }
+            }
+        }
+        self.process(now, slot, auth);
+    }
+
+    /// A grant for no outstanding request: a duplicate, a late answer to a forgotten request, or
+    /// an answer from the wrong node. Handed back if it may be live; the one held is kept.
+    fn stray_grant(&mut self, now: Instant, from: NodeId, slot: Option<u32>, g: GrantMsg) {
+        let holds = slot
+            .and_then(|s| self.entry(s))
+            .and_then(|e| e.deleg.as_ref())
+            .is_some_and(|d| d.grantee == g.grantee);
+        if !holds && self.io.grant_live(g.id, g.lease, now) {
+            self.io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+        }
+    }
+
+    fn on_refuse<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        key: &[u8],
+        id: u64,
+        reason: Refusal,
+        auth: &A,
+    ) {
+        let Some(&slot) = self.index.get(key) else { return };
+        let config = &self.config;
+        let io = &mut self.io;
+        let Some(e) = self.slots[slot as usize].as_mut() else { return };
+        if !e.request.as_ref().is_some_and(|r| r.id == id && r.to == from) {
+            return;
+        }
+        let r = e.request.take().expect("matched request");
+        if let Some(d) = e.deleg.as_mut() {
+            // A refused renewal: the delegation stays valid until its deadline, and is renewed
+            // again later only if the refusal was about where or when to ask.
+            if r.held.is_some() {
+                d.renew_at = match renewal_retry_delay(reason) {
+                    Some(delay) => now + config.backoff(e.refusals).max(delay),
+                    None => d.deadline,
+                };
+                e.refusals = e.refusals.saturating_add(1);
+            }
+        } else {
+            match retry_delay(reason) {
+                Some(delay) => {
+                    let at = now + config.backoff(e.refusals).max(delay);
+                    e.refusals = e.refusals.saturating_add(1);
+                    e.retry_at = at;
+                    // Lockers whose wait ends before the retry learn why now.
+                    e.fail_waiters(slot, io, LockError::Refused(reason), |w| w.until <= at);
+                    if e.want_until.is_some_and(|until| until <= at) {
+                        e.want_until = None;
+                    }
+                }
+                None => {
+                    e.fail_waiters(slot, io, LockError::Refused(reason), |_| true);
+                    e.want_until = None;
+                }
+            }
+        }
+        self.process(now, slot, auth);
+    }
+
+    fn on_recall<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        key: &[u8],
+        grantee: Grantee,
+        auth: &A,
+    ) {
+        let Some(&slot) = self.index.get(key) else { return };
+        let grace = self.config.grace;
+        let release_at_once = self.config.bugs().release_before_revoke;
+        let io = &mut self.io;
+        let Some(e) = self.slots[slot as usize].as_mut() else { return };
+        if let Some(d) = e.deleg.as_mut()
+            && d.grantee == grantee
+        {
+            d.home = from;
+            if release_at_once {
+                // The injected bug: give the delegation back while the local handle lives on.
+                e.release(now, io);
+                self.process(now, slot, auth);
+                return;
+            }
+            if d.revoke_at.is_none() {
+                d.revoke_at = Some(now + grace);
+            }
+            // Releases at once if no local handle holds the key.
+            e.settle(slot, now, io);
+        } else if let Some(p) = &e.past
+            && p.grantee == grantee
+            && p.released
+        {
+            // The release was lost: say it again, with the same note.
+            io.send(from, Body::Release { key: e.key.clone(), grantee, note: p.note.clone() });
+        }
+        self.process(now, slot, auth);
+    }
+}
+
+/// Like [`retry_delay`], for a refused renewal. Only a refusal about where or when to ask is
+/// retried; any other (a home that will not extend because others wait, one that cannot grant
+/// now, caps) stops renewing: the delegation is used until its deadline, and a home with
+/// waiters recalls it meanwhile.
+fn renewal_retry_delay(reason: Refusal) -> Option<Duration> {
+    match reason {
+        Refusal::NotHome | Refusal::StaleEpoch => Some(Duration::ZERO),
+        Refusal::Quarantine(d) | Refusal::LockDelay(d) => Some(d),
+        _ => None,
+    }
+}
+
+/// A received grant's fields.
+struct GrantMsg {
+    key: Vec<u8>,
+    id: u64,
+    grantee: Grantee,
+    lease: Duration,
+    note: Option<Vec<u8>>,
+    recovered: bool,
+}
+
+/// How long to wait before asking again after `reason`, or `None` if asking again is pointless
+/// and the lockers fail with it. Refusals this code does not know (added later) are taken as
+/// temporary: a retry is bounded by the lockers' waits anyway.
+fn retry_delay(reason: Refusal) -> Option<Duration> {
+    match reason {
+        Refusal::Quarantine(d) | Refusal::LockDelay(d) => Some(d),
+        Refusal::NotMember
+        | Refusal::KeyTooLong
+        | Refusal::NoteTooLarge
+        | Refusal::HomeFull
+        | Refusal::RequesterFull
+        | Refusal::QueueFull => None,
+        // NotHome, StaleEpoch, WaitExpired (lockers that joined later may still wait), and
+        // anything newer such as an activating home.
+        _ => Some(Duration::ZERO),
+    }
+}
+
+impl Io {
+    fn send(&mut self, to: NodeId, body: Body) {
+        self.out.push_back((to, Message { epoch: self.epoch, body }));
+    }
+
+    fn serial(&mut self) -> u64 {
+        self.next_serial += 1;
+        self.next_serial
+    }
+
+    /// A fresh request id: the run's incarnation in the high 32 bits, so no grant meant for an
+    /// earlier run can match a request of this one (a run sends fewer than 2^32 requests).
+    fn request_id(&mut self, incarnation: u64, now: Instant, lease: Duration) -> u64 {
+        self.request_count = (self.request_count + 1) & 0xffff_ffff;
+        let id = (incarnation << 32) | self.request_count;
+        self.issued = Some(self.issued.map_or((id, id), |(first, _)| (first, id)));
+        while self.recent.front().is_some_and(|s| now >= s.at + s.lease) {
+            self.recent.pop_front();
+        }
+        if self.recent.len() >= RECENT_REQUESTS
+            && let Some(s) = self.recent.pop_front()
+        {
+            self.forgotten = self.forgotten.max(s.id);
+        }
+        self.recent.push_back(Sent { id, at: now, lease });
+        id
+    }
+
+    /// Whether a grant answering request `id` with `lease` may still be live at `now`. Unknown
+    /// ids (another run's, or forgotten for lack of room) count as live: handing back a dead
+    /// grant costs a message, keeping a live one costs the home a lease.
+    fn grant_live(&self, id: u64, lease: Duration, now: Instant) -> bool {
+        match self.recent.binary_search_by_key(&id, |s| s.id) {
+            Ok(i) => {
+                let s = &self.recent[i];
+                now < s.at + lease.min(s.lease)
+            }
+            Err(_) => {
+                let aged_out = self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
+                    && id > self.forgotten;
+                !aged_out
+            }
+        }
+    }
+
+    /// Takes the entry's local handle away (with its event) and clears the note: a revoked
+    /// holder may have written without handing one.
+    fn revoke(&mut self, slot: u32, e: &mut Entry, reason: RevokeReason) {
+        let Some(local) = e.local.take() else { return };
+        e.note = None;
+        if self.tomb_order.len() >= TOMBSTONES
+            && let Some(old) = self.tomb_order.pop_front()
+        {
+            self.tombstones.remove(&old);
+        }
+        self.tombstones.insert(local.serial, reason);
+        self.tomb_order.push_back(local.serial);
+        let handle = HandleId { serial: local.serial, slot };
+        self.events.push_back(Event::Revoked { handle, key: e.key.clone(), reason });
+    }
+}
+
+impl Entry {
+    fn is_empty(&self) -> bool {
+        self.deleg.is_none()
+            && self.local.is_none()
+            && self.waiters.is_empty()
+            && self.request.is_none()
+            && self.want_until.is_none()
+            && self.past.is_none()
+    }
+
+    /// Whether some locker wants the delegation at `now`.
+    fn wanted(&self, now: Instant) -> bool {
+        !self.waiters.is_empty() || self.want_until.is_some_and(|until| now < until)
+    }
+
+    /// How long the lockers wanting the delegation can still wait.
+    fn wait_left(&self, now: Instant) -> Duration {
+        let until = self.waiters.iter().map(|w| w.until).chain(self.want_until).max();
+        until.map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
+    }
+
+    /// Whether a new locker is admitted at once: live delegation, admission open, nobody ahead.
+    fn can_admit(&self, now: Instant) -> bool {
+        self.local.is_none()
+            && self.waiters.is_empty()
+            && self.deleg.as_ref().is_some_and(|d| d.revoke_at.is_none() && now < d.deadline)
+    }
+
+    /// The local sequence a delegation to `grantee` starts at, or `None` if its tokens would not
+    /// exceed those this key already had.
+    fn next_seq_for(&self, grantee: Grantee) -> Option<u64> {
+        match &self.past {
+            Some(p) if p.grantee == grantee => Some(p.next_seq),
+            Some(p) if p.grantee > grantee => None,
+            _ => Some(0),
+        }
+    }
+
+    /// Admits one locker; the caller checked the delegation is live and open and the key free.
+    fn admit(&mut self, slot: u32, now: Instant, ttl: Duration, io: &mut Io) -> Handle {
+        let d = self.deleg.as_mut().expect("admission needs a delegation");
+        let serial = io.serial();
+        let token = d.grantee.token(d.next_seq);
+        d.next_seq += 1;
+        let until = now + ttl;
+        let deadline = until.min(d.deadline);
+        let (note, recovered) = if d.fresh {
+            d.fresh = false;
+            (self.note.clone(), d.recovered)
+        } else {
+            (None, false)
+        };
+        d.last_activity = now;
+        d.active = true;
+        self.local = Some(Local { serial, deadline, until });
+        Handle { id: HandleId { serial, slot }, key: self.key.clone(), token, deadline, note, recovered }
+    }
+
+    /// After the local handle may have ended: fails lockers whose wait ran out; then, if no
+    /// handle holds the key, releases a recalled delegation or admits the next locker.
+    fn settle(&mut self, slot: u32, now: Instant, io: &mut Io) {
+        self.fail_waiters(slot, io, LockError::Timeout, |w| now >= w.until);
+        if self.local.is_some() {
+            return;
+        }
+        let Some(d) = &self.deleg else { return };
+        if now >= d.deadline {
+            return; // expiry is the timers' business
+        }
+        if d.revoke_at.is_some() {
+            self.release(now, io);
+            return;
+        }
+        if let Some(w) = self.waiters.pop_front() {
+            let handle = self.admit(slot, now, w.ttl, io);
+            io.events.push_back(Event::Locked { ticket: Ticket { serial: w.serial, slot }, handle });
+        }
+    }
+
+    fn fail_waiters(&mut self, slot: u32, io: &mut Io, error: LockError, fail: impl Fn(&Waiter) -> bool) {
+        if !self.waiters.iter().any(&fail) {
+            return;
+        }
+        self.waiters.retain(|w| {
+            if fail(w) {
+                let ticket = Ticket { serial: w.serial, slot };
+                io.events.push_back(Event::LockFailed { ticket, error });
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    /// Gives the delegation back cleanly with the stored note. Lockers still queued ask again.
+    fn release(&mut self, now: Instant, io: &mut Io) {
+        let Some(d) = self.deleg.take() else { return };
+        let note = self.note.take();
+        io.send(d.home, Body::Release { key: self.key.clone(), grantee: d.grantee, note: note.clone() });
+        self.past = Some(Past {
+            grantee: d.grantee,
+            note,
+            released: true,
+            next_seq: d.next_seq,
+            until: d.deadline + d.lease,
+        });
+        self.forget_renewal();
+        self.retry_at = now;
+    }
+
+    /// The delegation's deadline passed: every handle under it is revoked and it is dropped,
+    /// without a message (the home expires it on its own clock). Lockers still queued ask again.
+    fn expire(&mut self, slot: u32, now: Instant, io: &mut Io) {
+        io.revoke(slot, self, RevokeReason::Expired);
+        let Some(d) = self.deleg.take() else { return };
+        self.note = None;
+        self.past = Some(Past {
+            grantee: d.grantee,
+            note: None,
+            released: false,
+            next_seq: d.next_seq,
+            until: now + d.lease,
+        });
+        self.forget_renewal();
+        self.retry_at = now;
+    }
+
+    /// A renewal's grant that arrives after its delegation is gone is a stray, handed back.
+    fn forget_renewal(&mut self) {
+        if self.request.as_ref().is_some_and(|r| r.held.is_some()) {
+            self.request = None;
+        }
+    }
+
+    /// Resends an unanswered request, forgets one nobody needs, renews a busy delegation, and
+    /// asks for a wanted one.
+    fn drive_requests<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        config: &HolderConfig,
+        io: &mut Io,
+        auth: &A,
+    ) {
+        if let Some(r) = &self.request {
+            let needed = match r.held {
+                Some(_) => self.deleg.as_ref().is_some_and(|d| d.revoke_at.is_none()),
+                None => self.deleg.is_none() && self.wanted(now),
+            };
+            if !needed {
+                self.request = None;
+            }
+        }
+        let wait = match &self.deleg {
+            Some(d) => d.deadline.saturating_duration_since(now),
+            None => self.wait_left(now),
+        };
+        if let Some(r) = &mut self.request {
+            if now >= r.last_sent + config.resend {
+                // Same id, so the grant still counts from the first send; the home treats it as
+                // a duplicate, which the network may produce anyway.
+                r.last_sent = now;
+                let body =
+                    Body::Request { key: self.key.clone(), id: r.id, lease: r.lease, wait, held: r.held };
+                io.send(r.to, body);
+            }
+            return;
+        }
+        match &mut self.deleg {
+            Some(d) => {
+                let busy = d.active || self.local.is_some() || !self.waiters.is_empty();
+                if d.revoke_at.is_none() && busy && now >= d.renew_at {
+                    let held = Some(d.grantee);
+                    match send_request(&self.key, now, config, io, auth, held, wait) {
+                        Some(r) => {
+                            d.active = false;
+                            self.request = Some(r);
+                        }
+                        None => d.renew_at = now + config.retry,
+                    }
+                }
+            }
+            None => {
+                if self.wanted(now) && now >= self.retry_at {
+                    match send_request(&self.key, now, config, io, auth, None, wait) {
+                        Some(r) => self.request = Some(r),
+                        None => self.retry_at = now + config.backoff(self.refusals),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The next instant this entry needs the timers, if any.
+    fn next_wake(&self, config: &HolderConfig) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut at = |t: Instant| next = Some(next.map_or(t, |n| n.min(t)));
+        match &self.deleg {
+            Some(d) => {
+                at(d.deadline);
+                match d.revoke_at {
+                    Some(revoke_at) => at(revoke_at),
+                    None => {
+                        let busy = self.local.is_some() || !self.waiters.is_empty();
+                        if !busy {
+                            at(d.last_activity + config.idle_release);
+                        }
+                        if self.request.is_none() && (busy || d.active) {
+                            at(d.renew_at);
+                        }
+                    }
+                }
+            }
+            None => {
+                if self.request.is_none() && (!self.waiters.is_empty() || self.want_until.is_some()) {
+                    at(self.retry_at);
+                }
+            }
+        }
+        if let Some(r) = &self.request {
+            at(r.last_sent + config.resend);
+        }
+        if let Some(local) = &self.local {
+            at(local.deadline);
+        }
+        for w in &self.waiters {
+            at(w.until);
+        }
+        if let Some(until) = self.want_until {
+            at(until);
+        }
+        if let Some(p) = &self.past {
+            at(p.until);
+        }
+        next
+    }
+}
+
+/// Sends a request for `key` to its home; `None` if no home is known.
+fn send_request<A: Authority + ?Sized>(
+    key: &[u8],
+    now: Instant,
+    config: &HolderConfig,
+    io: &mut Io,
+    auth: &A,
+    held: Option<Grantee>,
+    wait: Duration,
+) -> Option<Request> {
+    let to = auth.home_of(key)?;
+    let lease = config.lease.min(auth.timing().max_delegation_lease);
+    let id = io.request_id(auth.incarnation(), now, lease);
+    io.send(to, Body::Request { key: key.to_vec(), id, lease, wait, held });
+    Some(Request { id, to, sent_at: now, last_sent: now, lease, held })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let config = HolderConfig::new(NodeId(1));
+        assert_eq!(config.backoff(0), Duration::from_millis(50));
+        assert_eq!(config.backoff(1), Duration::from_millis(100));
+        assert_eq!(config.backoff(5), Duration::from_millis(1600));
+        assert_eq!(config.backoff(50), Duration::from_millis(1600));
+    }
+
+    #[test]
+    fn a_renewal_is_retried_only_after_where_or_when_refusals() {
+        assert_eq!(renewal_retry_delay(Refusal::NotHome), Some(Duration::ZERO));
+        assert_eq!(renewal_retry_delay(Refusal::StaleEpoch), Some(Duration::ZERO));
+        assert_eq!(
+            renewal_retry_delay(Refusal::Quarantine(Duration::from_secs(1))),
+            Some(Duration::from_secs(1))
+        );
+        for stop in [Refusal::WaitExpired, Refusal::QueueFull, Refusal::RequesterFull, Refusal::NotMember] {
+            assert_eq!(renewal_retry_delay(stop), None, "{stop:?}");
+        }
+    }
+
+    #[test]
+    fn refusals_split_into_retry_and_fail() {
+        assert_eq!(retry_delay(Refusal::NotHome), Some(Duration::ZERO));
+        assert_eq!(retry_delay(Refusal::StaleEpoch), Some(Duration::ZERO));
+        assert_eq!(retry_delay(Refusal::Quarantine(Duration::from_secs(3))), Some(Duration::from_secs(3)));
+        assert_eq!(retry_delay(Refusal::LockDelay(Duration::from_secs(2))), Some(Duration::from_secs(2)));
+        for hard in [
+            Refusal::NotMember,
+            Refusal::KeyTooLong,
+            Refusal::NoteTooLarge,
+            Refusal::HomeFull,
+            Refusal::RequesterFull,
+            Refusal::QueueFull,
+        ] {
+            assert_eq!(retry_delay(hard), None, "{hard:?}");
+        }
+    }
+
+    #[test]
+    fn stray_grant_liveness_uses_the_send_instant() {
+        let mut io = Holder::new(HolderConfig::new(NodeId(1)), Instant::ZERO).io;
+        let t0 = Instant::from_nanos(1_000);
+        let id = io.request_id(7, t0, Duration::from_secs(10));
+        assert_eq!(id >> 32, 7, "the incarnation is in the high bits");
+        assert!(io.grant_live(id, Duration::from_secs(10), t0 + Duration::from_secs(9)));
+        assert!(!io.grant_live(id, Duration::from_secs(10), t0 + Duration::from_secs(10)));
+        assert!(!io.grant_live(id, Duration::from_secs(3), t0 + Duration::from_secs(3)), "shorter grant");
+        // Another run's id is unknown, so taken as live.
+        assert!(io.grant_live(5 << 32 | 1, Duration::from_secs(10), t0 + Duration::from_secs(100)));
+        // Aged out of the log: dead.
+        let later = t0 + Duration::from_secs(60);
+        io.request_id(7, later, Duration::from_secs(10));
+        assert!(!io.grant_live(id, Duration::from_secs(10), later));
+    }
+}

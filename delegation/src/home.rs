@@ -1,0 +1,1210 @@
+//! The home side of delegations: [`Home`], a pure sans-I/O state machine.
+//!
+//! A key's home grants at most one node at a time the *delegation* of the key: the right to admit
+//! critical sections on it, locally and without messages, for a bounded lease. This module keeps
+//! the home's side of that bargain. It has no sockets, no clock and no randomness: the driver
+//! hands in every message with the authenticated sender ([`Home::handle_message`]), wakes it when
+//! [`Home::poll_timeout`] says ([`Home::handle_timeout`]), tells it when the epoch layer learned a
+//! newer epoch ([`Home::on_epoch_change`]), and sends what [`Home::poll_transmit`] yields. Every
+//! call takes `now`, a reading of this node's monotonic clock (the one the epoch core reads);
+//! readings must never decrease. What the epoch layer knows comes in through [`Authority`].
+//!
+//! # Guarantees and how they are kept
+//!
+//! - **Refusal before allocation.** A request is checked in this order, and the first failing
+//!   check is the answer, before any state is allocated: message epoch equals
+//!   [`Authority::epoch`] ([`Refusal::StaleEpoch`]); sender is a member ([`Refusal::NotMember`]);
+//!   key length ([`Refusal::KeyTooLong`]); this node is the key's home ([`Refusal::NotHome`]);
+//!   this node may grant it now ([`Refusal::Activating`]); the restart quarantine is over
+//!   ([`Refusal::Quarantine`]); then, depending on the key's state, the lock-delay
+//!   ([`Refusal::LockDelay`]) and the caps ([`Refusal::HomeFull`], [`Refusal::RequesterFull`],
+//!   [`Refusal::QueueFull`]).
+//! - **One live delegation per key, never forgotten early.** The home's view of a delegation
+//!   granted at home instant `g` for `lease` ends at `g + rate_margin(lease, ppm)` on the home's
+//!   clock. The holder counts `lease` from the instant it *sent* the request, which is before `g`
+//!   in real time, on a clock whose rate is within the bound; so the holder's deadline passes,
+//!   in real time, before the home's view ends. The home keeps the delegation until that end or
+//!   a release from the holder naming it, whichever comes first; renewals only move the end later.
+//! - **Ordered grantees.** Every grant takes `Grantee { epoch, incarnation, counter }` with the
+//!   current epoch, this run's durable incarnation and a counter that strictly increases within
+//!   the run, so the grantees of one key strictly increase across grants, home restarts (the
+//!   incarnation grows) and epoch changes (the epoch grows; a key has one home per epoch).
+//! - **Restart quarantine.** A restarted home has forgotten its volatile delegations. It refuses
+//!   every request until `started + rate_margin(max_delegation_lease, ppm)`, by which time all of
+//!   them have surely ended. Only this home's keys wait, and only once.
+//! - **Successor freshness.** A clean release hands its note to the next grant with
+//!   `recovered: false`. `recovered: true` means the home cannot vouch for a clean hand-off:
+//!   the previous delegation expired, or its note was too large and was dropped, or the home has
+//!   no record of the key (never locked, record aged out or evicted, home restarted, key moved in
+//!   without a handover). So the first grant of a key this home has no record of is `recovered`.
+//!
+//! # Epoch changes and handovers
+//!
+//! Keys whose home stays this node across a change from epoch `e − 1` to `e` keep everything:
+//! the epoch layer keeps them active without a wait ([`Authority::home_active`]), and this home
+//! knows every delegation of them. Keys that moved away stay tracked until their live delegation
+//! ends (requests get [`Refusal::NotHome`]), and are handed to the new home in one round trip: a
+//! [`Body::Handover`] describing the live delegation (holder, grantee, remaining conservative
+//! time) or, if none, the note and `recovered` flag the next grant must carry; the new home
+//! answers [`Body::HandoverAck`] and the old home forgets the key. Handovers are resent every
+//! retry period until acknowledged; once no delegation is live, after [`HANDOVER_SENDS`] sends
+//! the old home gives up and forgets the key (the new home then waits out the activation wait).
+//!
+//! The new home *adopts* the handed state when the Handover carries its own current epoch `e`,
+//! it is the key's home under `e`, the sender was the key's home under `e − 1`
+//! ([`Authority::previous_home_of`]), and it has no record of the key. It keeps the handed
+//! delegation until `receipt + rate_margin(remaining, ppm)` (the remaining time was measured on
+//! the old home's clock), and may grant the key as soon as that delegation ends or is released,
+//! **without waiting for [`Authority::home_active`]**: for adopted keys it checks only that it
+//! holds its home lease ([`Authority::holds_lease`]) and is the key's home. Why that is safe:
+//!
+//! 1. Under `e − 1` the sender was the key's only home. A home sends a Handover only for keys
+//!    whose record is *authoritative* (it granted or adopted them under `e − 1`, or under earlier
+//!    epochs it homed them in without a gap) and only when it moved straight from `e − 1` to `e`.
+//!    Every grant it made was behind its own activation (or an adoption, the same argument one
+//!    step earlier), which had outlasted every delegation of earlier epochs' homes. So the only
+//!    delegation of the key that can be live is the one its record names.
+//! 2. The sender learned `e` before it sent the Handover, and from then on refuses the key: after
+//!    the snapshot it sent, the delegation can only end (released or expired), never be renewed
+//!    or re-granted by it.
+//! 3. The remaining time is the sender's conservative view, widened again by the receiver, so
+//!    the receiver's view ends after the holder's deadline in real time.
+//! 4. Only the new home can grant the key under `e`, and only while it holds a lease of `e`,
+//!    which no majority renews once `e + 1` can be chosen.
+//!
+//! A home acknowledges a Handover under its own epoch even when it does not adopt it (it already
+//! has a record, or is full, or cannot verify the sender): the old home may then forget the key
+//! because this home grants it only after [`Authority::home_active`], which waits out the old
+//! epoch anyway. Keys whose old home is unreachable simply wait for the activation wait.
+//!
+//! A home that missed an epoch (it saw `e − 2` then `e`) treats nothing as authoritative: its
+//! records may miss grants some other home made in between. Such keys, and keys that come back
+//! to this home, keep their live delegations tracked but drop notes (the next grant is
+//! `recovered`), hand nothing over, and need [`Authority::home_active`] before the next grant.
+//!
+//! # Decisions
+//!
+//! - **Recall period:** a Recall goes to the holder when the first requester queues (and right
+//!   after a grant that leaves requesters queued), and again every
+//!   `max(home_lease / 4, 10 ms)` while the key is held and someone waits; more requesters
+//!   joining the queue send nothing more. (The pacing lives with the queue: if every requester
+//!   leaves and a new one comes, it recalls at once.) The same period paces Handover resends.
+//! - **Renewal while others wait** is refused with [`Refusal::Recalled`]: the delegation stays
+//!   valid until its deadline but is not extended, so a busy holder cannot starve waiters.
+//! - **Retransmitted request** (same id as the live grant, from its holder, not a renewal): the
+//!   Grant is sent again with the lease shrunk so that it ends within the home's view from any
+//!   earlier send instant, without the note (the note went with the first Grant), `recovered`.
+//! - **Wait of zero** on a held key: refused at once with [`Refusal::WaitExpired`]; no Recall.
+//! - **Oversized note** on a release: the release counts (the key is freed) but the note is
+//!   dropped and the next grant is `recovered: true`, since a note the holder meant to hand over
+//!   was lost.
+//! - **Lock-delay** (`HomeConfig::lock_delay > 0`): when a delegation expires, the key is in
+//!   lock-delay until `end + lock_delay`. Queued requesters whose wait ends by then, and new
+//!   requests whose wait does, are refused [`Refusal::LockDelay`] with the time left; the others
+//!   stay queued and the first is granted (`recovered: true`) when the delay ends.
+//! - **Released records** (note and clean flag of a released key nobody waits for) are kept for
+//!   `HomeConfig::record_retention`, at most `HomeConfig::max_records` of them and
+//!   `HomeConfig::max_record_bytes` of notes; past either cap the record is not kept and the next
+//!   grant is `recovered`.
+//! - **Checks** answer anyone (a downstream resource need not be a member nor track epochs), so
+//!   the epoch and membership checks are skipped for them; every other check of a request applies.
+//! - **Releases** are honoured whatever epoch they carry and from whomever the delegation was
+//!   granted to: they only ever shorten what the holder itself holds.
+//!
+//! # Memory
+//!
+//! Per key with a live delegation and nobody waiting: one hash-map slot (the key as `Arc<[u8]>`,
+//! 16 bytes, an entry of [`Home::ENTRY_BYTES`] = 80 bytes, one control byte, in a table between
+//! 7/16 and 7/8 full), one timer-heap slot of 24 bytes (in a `Vec` at most half empty), and the
+//! key's own allocation (16 bytes of reference counts plus the key bytes). At 100 000 delegations
+//! with 16-byte keys the test `memory_per_live_delegation` (in `tests/home.rs`, counting every
+//! allocation) measures 190 bytes per delegation, 174 without the key bytes;
+//! [`Home::memory_estimate`] computes the same from capacities. A table just past a doubling
+//! costs up to about 100 bytes more per delegation, just before one about 25 bytes less.
+//! Waiters (40 bytes each, plus a 48-byte queue) and notes are allocated only while present.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyhome_epoch::time::rate_margin;
+use keyhome_epoch::{Instant, NodeId, Timing};
+
+use crate::authority::Authority;
+use crate::limits::Limits;
+use crate::message::{Body, Grantee, Handed, Key, Message, Refusal};
+use crate::token::FencingToken;
+
+/// "No wake-up armed" in [`Entry::wake`].
+const NEVER: Instant = Instant::from_nanos(u64::MAX);
+
+/// Shortest Recall and Handover resend period, whatever the home lease.
+pub const MIN_RETRY: Duration = Duration::from_millis(10);
+/// How many times an old home sends the Handover of a key with no live delegation before it gives
+/// up and forgets the key.
+pub const HANDOVER_SENDS: u32 = 8;
+
+/// Settings of one node's home side that are not part of the epoch record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HomeConfig {
+    /// This node's identity: the home compares [`Authority::home_of`] with it.
+    pub id: NodeId,
+    /// Caps on what peers can make this home allocate.
+    pub limits: Limits,
+    /// How long a key stays unavailable after its delegation *expired* (not after a clean
+    /// release), measured on this home's clock from the expiry. Zero (the default) disables it.
+    pub lock_delay: Duration,
+    /// How long the record of a clean release (its note, and that it was clean) is kept when
+    /// nobody waits for the key, so the next grant can carry it. Five minutes by default.
+    pub record_retention: Duration,
+    /// Most released records kept at once. A million by default.
+    pub max_records: usize,
+    /// Most note bytes kept in released records at once. 64 MiB by default.
+    pub max_record_bytes: usize,
+    /// Safety rules switched off, for tests that show the simulation notices. All off by default.
+    #[cfg(feature = "bug-injection")]
+    pub bugs: crate::bugs::Bugs,
+}
+
+impl HomeConfig {
+    /// Default limits, no lock-delay, released records kept five minutes (at most a million of
+    /// them and 64 MiB of notes).
+    pub fn new(id: NodeId) -> HomeConfig {
+        HomeConfig {
+            id,
+            limits: Limits::DEFAULT,
+            lock_delay: Duration::ZERO,
+            record_retention: Duration::from_secs(300),
+            max_records: 1_000_000,
+            max_record_bytes: 64 << 20,
+            #[cfg(feature = "bug-injection")]
+            bugs: crate::bugs::Bugs::default(),
+        }
+    }
+}
+
+/// A live delegation as the home sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Delegation {
+    /// The node it was granted to.
+    pub holder: NodeId,
+    pub grantee: Grantee,
+    /// The home's conservative end, on the home's clock: the delegation is live before it.
+    pub end: Instant,
+}
+
+/// What a home knows of a key, for status pages and tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyStatus {
+    /// No live delegation and no lock-delay: the next grant (if this node may grant) carries a
+    /// note of `note_len` bytes, if any, and `recovered`. A key without a record is `Free` with
+    /// `recovered: true` and no note.
+    Free { recovered: bool, note_len: Option<usize> },
+    /// Delegated.
+    Held(Delegation),
+    /// Expired uncleanly and kept from every requester until `until` (home clock).
+    LockDelay { until: Instant },
+}
+
+/// The key as the home stores it: one allocation shared by the map and the timer heap.
+type KeyRef = Arc<[u8]>;
+
+/// A queued request.
+#[derive(Clone, Copy, Debug)]
+struct Waiter {
+    from: NodeId,
+    id: u64,
+    /// Already clamped to the epoch's longest delegation.
+    lease: Duration,
+    /// Receipt + the request's wait, home clock.
+    deadline: Instant,
+}
+
+/// A live delegation.
+#[derive(Clone, Copy, Debug)]
+struct Live {
+    holder: NodeId,
+    grantee: Grantee,
+    /// The request id it answered last (grant or renewal).
+    id: u64,
+    /// Conservative end, home clock.
+    end: Instant,
+}
+
+/// The requesters queued for a key, and the Recall pacing of its holder.
+#[derive(Debug)]
+struct Queue {
+    /// Oldest first; never empty (an empty queue is dropped).
+    waiters: VecDeque<Waiter>,
+    /// Earliest instant the next Recall may be sent.
+    recall_next: Instant,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Held(Live),
+    /// Expired uncleanly; nothing is granted before `until`.
+    Delay {
+        until: Instant,
+    },
+    /// Not delegated. `note` and `recovered` are what the next grant carries; the record is kept
+    /// until `until` (see [`Home::finish`] for which records are kept at all).
+    Free {
+        note: Option<Box<[u8]>>,
+        recovered: bool,
+        until: Instant,
+    },
+}
+
+/// How far this home's record of a key can be trusted, and what it may do with the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Homed here; the record names every delegation of the key that may be live. Grants need
+    /// [`Authority::home_active`].
+    Home,
+    /// Homed here and handed over by the previous home; authoritative. Grants need the lease.
+    Adopted,
+    /// Homed here but the record may miss delegations other homes made (an epoch was skipped,
+    /// or the key came back). Grants need [`Authority::home_active`]; the first makes it `Home`.
+    Stale,
+    /// Moved away; the record is being handed over (see [`Moving`]).
+    Moved,
+    /// Moved away with nothing to hand over; kept only while its delegation is live.
+    Tracking,
+}
+
+/// Everything a home keeps per key. Invariant: waiters exist only in `Held` and `Delay` (a free
+/// key with waiters is granted or its waiters refused before control returns to the driver).
+#[derive(Debug)]
+struct Entry {
+    phase: Phase,
+    /// Queued requests; `None` when nobody waits (most keys). Boxed so that it costs 8 bytes in
+    /// every entry, and one allocation only while someone waits.
+    queue: Option<Box<Queue>>,
+    /// The earliest instant the timer heap holds for this key; [`NEVER`] if none.
+    wake: Instant,
+    role: Role,
+}
+
+/// A moved key's handover in progress.
+#[derive(Clone, Copy, Debug)]
+struct Moving {
+    to: NodeId,
+    /// The epoch that moved the key; only an ack under it counts.
+    epoch: u64,
+    next_send: Instant,
+    /// Sends since the key last had a live delegation.
+    sends: u32,
+}
+
+/// Totals over the entries currently in the map (an entry taken out for processing is not
+/// counted until it is put back).
+#[derive(Debug, Default)]
+struct Counts {
+    live: usize,
+    delayed: usize,
+    records: usize,
+    record_bytes: usize,
+    per_holder: HashMap<NodeId, usize>,
+}
+
+/// Which checks a message passes through before it is looked at.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gate {
+    Request,
+    Check,
+}
+
+/// The home side of one node. See the module documentation.
+#[derive(Debug)]
+pub struct Home {
+    config: HomeConfig,
+    /// When this run started (home clock); the quarantine counts from here.
+    started: Instant,
+    /// The epoch the home last saw; `None` before the first call with an [`Authority`].
+    epoch: Option<u64>,
+    /// Last grant counter handed out in this run.
+    counter: u64,
+    keys: HashMap<KeyRef, Entry>,
+    moving: HashMap<KeyRef, Moving>,
+    /// Wake-ups, earliest first. May hold stale entries (for keys since dropped, or superseded by
+    /// an earlier one); each is popped once and costs one look-up.
+    timers: BinaryHeap<Reverse<(Instant, KeyRef)>>,
+    counts: Counts,
+    out: VecDeque<(NodeId, Message)>,
+}
+
+impl Home {
+    /// A home whose run started at `now`. Construct it when the process starts, before the node
+    /// acts as a home: the restart quarantine counts from `now`.
+    pub fn new(config: HomeConfig, now: Instant) -> Home {
+        Home {
+            config,
+            started: now,
+            epoch: None,
+            counter: 0,
+            keys: HashMap::new(),
+            moving: HashMap::new(),
+            timers: BinaryHeap::new(),
+            counts: Counts::default(),
+            out: VecDeque::new(),
+        }
+    }
+
+    pub fn config(&self) -> &HomeConfig {
+        &self.config
+    }
+
+    // ---- inputs ----
+
+    /// Handles a message `from` a peer (the identity the driver authenticated, never a payload
+    /// field). Home-bound bodies are `Request`, `Release`, `Check`, `Handover` and `HandoverAck`;
+    /// others are ignored. Replies are queued for [`Home::poll_transmit`].
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, message: Message, auth: &impl Authority) {
+        self.on_epoch_change(now, auth);
+        let Message { epoch, body } = message;
+        match body {
+            Body::Request { key, id, lease, wait, held } => {
+                self.on_request(now, from, epoch, key, id, lease, wait, held, auth)
+            }
+            Body::Release { key, grantee, note } => self.on_release(now, from, key, grantee, note, auth),
+            Body::Check { key, id, token } => self.on_check(now, from, key, id, token, auth),
+            Body::Handover { key, live, note, recovered, lock_delay } => {
+                self.on_handover(now, from, epoch, key, live, note, recovered, lock_delay, auth)
+            }
+            Body::HandoverAck { key } => self.on_ack(from, epoch, &key),
+            Body::Grant { .. } | Body::Refuse { .. } | Body::Recall { .. } | Body::CheckReply { .. } => {}
+        }
+    }
+
+    /// Handles every wake-up due at `now`: expiries, lock-delay ends, waits that ran out, Recall
+    /// and Handover resends, released records that aged out. Harmless to call early or often.
+    /// Afterwards [`Home::poll_timeout`] is later than `now`.
+    pub fn handle_timeout(&mut self, now: Instant, auth: &impl Authority) {
+        self.on_epoch_change(now, auth);
+        while let Some(Reverse((at, _))) = self.timers.peek()
+            && *at <= now
+        {
+            let Some(Reverse((_, key))) = self.timers.pop() else { break };
+            let Some((key, mut e)) = self.take(&key) else { continue };
+            if e.wake <= now {
+                e.wake = NEVER;
+            }
+            self.service(now, &key, &mut e, auth);
+            self.finish(now, key, e);
+        }
+    }
+
+    /// The earliest instant at which [`Home::handle_timeout`] must be called, if any. After
+    /// `handle_timeout(t)` it is never `t` or earlier (no timer spin).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// The next message to send, with its destination. Every message carries the epoch the home
+    /// acted under ([`Authority::epoch`] at the call that produced it).
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, Message)> {
+        self.out.pop_front()
+    }
+
+    /// Tells the home the epoch layer may have learned a newer epoch. The driver should call it
+    /// as soon as that happens, so handovers leave at once; every other entry point calls it too,
+    /// so a late call loses nothing but time. Idempotent.
+    ///
+    /// - Keys still homed here after a change straight from `e − 1` to `e` keep everything.
+    /// - Keys that moved: queued requesters are refused [`Refusal::NotHome`]; live delegations
+    ///   stay tracked until they end; authoritative records are handed to the new home.
+    /// - After a skipped epoch, or for keys that come back, records are no longer authoritative
+    ///   (see the module documentation).
+    ///
+    /// Cost: one [`Authority::home_of`] per key with state.
+    pub fn on_epoch_change(&mut self, now: Instant, auth: &impl Authority) {
+        let new = auth.epoch();
+        let Some(old) = self.epoch.replace(new) else { return };
+        if old == new {
+            return;
+        }
+        let consecutive = new.checked_sub(1) == Some(old);
+        let keys: Vec<KeyRef> = self.keys.keys().cloned().collect();
+        for key in keys {
+            let Some((key, mut e)) = self.take(&key) else { continue };
+            let home = auth.home_of(&key);
+            let authoritative = consecutive && matches!(e.role, Role::Home | Role::Adopted);
+            if home == Some(self.config.id) {
+                if !authoritative {
+                    self.moving.remove(&key);
+                    e.role = Role::Stale;
+                    forget_record(&mut e);
+                }
+            } else {
+                self.refuse_waiters(&key, &mut e, Refusal::NotHome);
+                match home {
+                    Some(to) if authoritative => {
+                        e.role = Role::Moved;
+                        let moving = Moving { to, epoch: new, next_send: now, sends: 0 };
+                        self.moving.insert(key.clone(), moving);
+                    }
+                    _ => {
+                        self.moving.remove(&key);
+                        e.role = Role::Tracking;
+                        forget_record(&mut e);
+                        if matches!(e.phase, Phase::Delay { .. }) {
+                            e.phase = Phase::Free { note: None, recovered: true, until: now };
+                        }
+                    }
+                }
+            }
+            self.service(now, &key, &mut e, auth);
+            self.finish(now, key, e);
+        }
+    }
+
+    // ---- queries (as of the last call that took `now`) ----
+
+    /// The live delegation of `key`, if any.
+    pub fn delegation(&self, key: &[u8]) -> Option<Delegation> {
+        match &self.keys.get(key)?.phase {
+            Phase::Held(live) => Some(live.view()),
+            _ => None,
+        }
+    }
+
+    /// What the home knows of `key`. A key in lock-delay is never reported `Free`.
+    pub fn status(&self, key: &[u8]) -> KeyStatus {
+        match self.keys.get(key).map(|e| &e.phase) {
+            Some(Phase::Held(live)) => KeyStatus::Held(live.view()),
+            Some(Phase::Delay { until }) => KeyStatus::LockDelay { until: *until },
+            Some(Phase::Free { note, recovered, .. }) => {
+                KeyStatus::Free { recovered: *recovered, note_len: note.as_ref().map(|n| n.len()) }
+            }
+            None => KeyStatus::Free { recovered: true, note_len: None },
+        }
+    }
+
+    /// Number of live delegations this home tracks (including moved keys not yet handed over).
+    pub fn delegations(&self) -> usize {
+        self.counts.live
+    }
+
+    /// Number of live delegations granted to `holder` that this home tracks.
+    pub fn delegations_of(&self, holder: NodeId) -> usize {
+        self.counts.per_holder.get(&holder).copied().unwrap_or(0)
+    }
+
+    /// The requesters queued for `key`, oldest first, as `(requester, request id)`.
+    pub fn waiters(&self, key: &[u8]) -> Vec<(NodeId, u64)> {
+        self.keys
+            .get(key)
+            .and_then(|e| e.queue.as_ref())
+            .map(|q| q.waiters.iter().map(|w| (w.from, w.id)).collect())
+            .unwrap_or_default()
+    }
+
+    /// The end of `key`'s lock-delay (home clock), if it is in one.
+    pub fn lock_delay_until(&self, key: &[u8]) -> Option<Instant> {
+        match self.keys.get(key)?.phase {
+            Phase::Delay { until } => Some(until),
+            _ => None,
+        }
+    }
+
+    /// Number of keys in lock-delay.
+    pub fn keys_in_lock_delay(&self) -> usize {
+        self.counts.delayed
+    }
+
+    /// Number of released records kept for the next grant.
+    pub fn records(&self) -> usize {
+        self.counts.records
+    }
+
+    /// Number of keys the home keeps any state for.
+    pub fn tracked_keys(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// The end of the restart quarantine under `timing` (home clock): `started +
+    /// rate_margin(max_delegation_lease, clock_rate_ppm)`.
+    pub fn quarantine_end(&self, timing: &Timing) -> Instant {
+        if self.bugs().no_quarantine {
+            return self.started;
+        }
+        self.started + rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm)
+    }
+
+    /// Whether `key` was handed over to this home by its previous home (and not since dropped).
+    pub fn is_adopted(&self, key: &[u8]) -> bool {
+        self.keys.get(key).is_some_and(|e| e.role == Role::Adopted)
+    }
+
+    /// The new home `key` is being handed over to, while the handover is unacknowledged.
+    pub fn handing_over(&self, key: &[u8]) -> Option<NodeId> {
+        self.moving.get(key).map(|m| m.to)
+    }
+
+    /// An estimate of the heap bytes the home's per-key state occupies: table capacities times
+    /// entry sizes, plus key, waiter and note allocations. Walks every key.
+    pub fn memory_estimate(&self) -> usize {
+        let buckets = (self.keys.capacity() * 8 / 7).next_power_of_two();
+        let table = buckets * (std::mem::size_of::<(KeyRef, Entry)>() + 1);
+        let heap = self.timers.capacity() * std::mem::size_of::<Reverse<(Instant, KeyRef)>>();
+        let per_key: usize = self
+            .keys
+            .iter()
+            .map(|(k, e)| {
+                let waiters = e.queue.as_ref().map_or(0, |q| {
+                    std::mem::size_of::<Queue>() + q.waiters.capacity() * std::mem::size_of::<Waiter>()
+                });
+                let note = match &e.phase {
+                    Phase::Free { note: Some(n), .. } => n.len(),
+                    _ => 0,
+                };
+                2 * std::mem::size_of::<usize>() + k.len() + waiters + note
+            })
+            .sum();
+        table + heap + per_key
+    }
+
+    /// Size of the per-key state, for the memory estimate in the documentation.
+    pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+
+    // ---- message handling ----
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_request(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        epoch: u64,
+        key: Key,
+        id: u64,
+        lease: Duration,
+        wait: Duration,
+        held: Option<Grantee>,
+        auth: &impl Authority,
+    ) {
+        if let Err(reason) = self.gate(now, from, epoch, &key, Gate::Request, auth) {
+            self.refuse(from, key, id, reason);
+            return;
+        }
+        let lease = lease.min(auth.timing().max_delegation_lease);
+        let Some((k, mut e)) = self.take(&key) else {
+            // No record: a grant would create the key's first state.
+            if let Err(reason) = self.grant_caps(from) {
+                self.refuse(from, key, id, reason);
+                return;
+            }
+            let k: KeyRef = Arc::from(key);
+            let mut e = Entry {
+                phase: Phase::Free { note: None, recovered: true, until: now },
+                queue: None,
+                wake: NEVER,
+                role: Role::Home,
+            };
+            self.grant(now, &k, &mut e, from, id, lease, auth);
+            self.service(now, &k, &mut e, auth);
+            self.finish(now, k, e);
+            return;
+        };
+        self.service(now, &k, &mut e, auth);
+        if let Err(reason) = self.admit(now, &k, &mut e, from, id, lease, wait, held, auth) {
+            self.refuse(from, key, id, reason);
+        }
+        self.service(now, &k, &mut e, auth);
+        self.finish(now, k, e);
+    }
+
+    /// Acts on a request that passed the gate, for a key with a record: grants, renews, re-sends
+    /// or queues, or says why not. Allocates nothing when it refuses.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &mut self,
+        now: Instant,
+        key: &KeyRef,
+        e: &mut Entry,
+        from: NodeId,
+        id: u64,
+        lease: Duration,
+        wait: Duration,
+        held: Option<Grantee>,
+        auth: &impl Authority,
+    ) -> Result<(), Refusal> {
+        let ppm = auth.timing().clock_rate_ppm;
+        let delay_until = match &mut e.phase {
+            Phase::Free { .. } => {
+                self.grant_caps(from)?;
+                self.grant(now, key, e, from, id, lease, auth);
+                return Ok(());
+            }
+            Phase::Held(live) if live.holder == from && held == Some(live.grantee) => {
+                // Renewal. Never shortens the home's view: the holder's earlier deadline stands.
+                if e.queue.is_some() {
+                    return Err(Refusal::Recalled);
+                }
+                live.end = live.end.max(now + self.margin(lease, ppm));
+                live.id = id;
+                let grantee = live.grantee;
+                let body =
+                    Body::Grant { key: key.to_vec(), id, grantee, lease, note: None, recovered: false };
+                self.send(from, body);
+                return Ok(());
+            }
+            Phase::Held(live) if live.holder == from && id == live.id => {
+                // The Grant was lost and the request resent: grant again what is left, counted
+                // from any instant before now.
+                let lease = shrink(live.end.saturating_duration_since(now), ppm);
+                let grantee = live.grantee;
+                let body = Body::Grant { key: key.to_vec(), id, grantee, lease, note: None, recovered: true };
+                self.send(from, body);
+                return Ok(());
+            }
+            Phase::Held(_) => None,
+            Phase::Delay { until } => Some(*until),
+        };
+        if e.queue.as_ref().is_some_and(|q| q.waiters.iter().any(|w| w.from == from && w.id == id)) {
+            return Ok(()); // a duplicate: already queued
+        }
+        let deadline = now + wait;
+        if let Some(until) = delay_until
+            && deadline <= until
+        {
+            return Err(Refusal::LockDelay(until.saturating_duration_since(now)));
+        }
+        if deadline <= now {
+            return Err(Refusal::WaitExpired);
+        }
+        if self.delegations_of(from) >= self.config.limits.max_per_requester {
+            return Err(Refusal::RequesterFull);
+        }
+        if e.waiting() >= self.config.limits.max_waiters_per_key {
+            return Err(Refusal::QueueFull);
+        }
+        let waiter = Waiter { from, id, lease, deadline };
+        match &mut e.queue {
+            Some(q) => q.waiters.push_back(waiter),
+            None => e.queue = Some(Box::new(Queue { waiters: VecDeque::from([waiter]), recall_next: now })),
+        }
+        Ok(())
+    }
+
+    fn on_release(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        key: Key,
+        grantee: Grantee,
+        note: Option<Vec<u8>>,
+        auth: &impl Authority,
+    ) {
+        if key.len() > self.config.limits.max_key_len {
+            return;
+        }
+        let Some((k, mut e)) = self.take(&key) else { return };
+        self.service(now, &k, &mut e, auth);
+        if let Phase::Held(live) = &e.phase
+            && live.holder == from
+            && live.grantee == grantee
+        {
+            let (note, recovered) = match note {
+                Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
+                n => (n.map(Vec::into_boxed_slice), false),
+            };
+            self.set_free(now, &mut e, note, recovered);
+            self.service(now, &k, &mut e, auth);
+        }
+        self.finish(now, k, e);
+    }
+
+    fn on_check(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        key: Key,
+        id: u64,
+        token: FencingToken,
+        auth: &impl Authority,
+    ) {
+        if let Err(reason) = self.gate(now, from, 0, &key, Gate::Check, auth) {
+            self.refuse(from, key, id, reason);
+            return;
+        }
+        let mut current = false;
+        if let Some((k, mut e)) = self.take(&key) {
+            self.service(now, &k, &mut e, auth);
+            if let Phase::Held(live) = &e.phase {
+                let g = live.grantee;
+                current =
+                    (g.epoch, g.incarnation, g.counter) == (token.epoch, token.incarnation, token.counter);
+            }
+            self.finish(now, k, e);
+        }
+        self.send(from, Body::CheckReply { key, id, current });
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_handover(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        epoch: u64,
+        key: Key,
+        live: Option<Handed>,
+        note: Option<Vec<u8>>,
+        recovered: bool,
+        lock_delay: Duration,
+        auth: &impl Authority,
+    ) {
+        // Under another epoch the sender or this home is behind: the one behind will catch up,
+        // and the sender resends (or, having moved on, stops).
+        if epoch != auth.epoch() || key.len() > self.config.limits.max_key_len {
+            return;
+        }
+        let limits = &self.config.limits;
+        let takes_slot = live.is_some() || !lock_delay.is_zero();
+        let fits = if takes_slot {
+            self.counts.live + self.counts.delayed < limits.max_delegations
+        } else {
+            self.counts.records < self.config.max_records
+        };
+        let adopt = from != self.config.id
+            && fits
+            && note.as_ref().is_none_or(|n| n.len() <= limits.max_note_len)
+            && auth.home_of(&key) == Some(self.config.id)
+            && auth.previous_home_of(&key) == Some(from)
+            && !self.keys.contains_key(key.as_slice());
+        if adopt {
+            let ppm = auth.timing().clock_rate_ppm;
+            let k: KeyRef = Arc::from(key.as_slice());
+            let mut e = Entry {
+                phase: Phase::Free { note: None, recovered: true, until: now },
+                queue: None,
+                wake: NEVER,
+                role: Role::Adopted,
+            };
+            match live {
+                Some(h) => {
+                    let end = now + rate_margin(h.remaining, ppm);
+                    let live = Live { holder: h.holder, grantee: h.grantee, id: h.id, end };
+                    e.phase = Phase::Held(live);
+                }
+                None if !lock_delay.is_zero() => e.phase = Phase::Delay { until: now + lock_delay },
+                None => self.set_free(now, &mut e, note.map(Vec::into_boxed_slice), recovered),
+            }
+            self.service(now, &k, &mut e, auth);
+            self.finish(now, k, e);
+        }
+        self.send(from, Body::HandoverAck { key });
+    }
+
+    fn on_ack(&mut self, from: NodeId, epoch: u64, key: &[u8]) {
+        if self.moving.get(key).is_some_and(|m| m.to == from && m.epoch == epoch) {
+            self.moving.remove(key);
+            // Forget everything: the new home has taken the key over.
+            drop(self.take(key));
+        }
+    }
+
+    // ---- checks ----
+
+    /// The checks every request passes before anything is allocated, in the documented order.
+    fn gate(
+        &self,
+        now: Instant,
+        from: NodeId,
+        epoch: u64,
+        key: &[u8],
+        gate: Gate,
+        auth: &impl Authority,
+    ) -> Result<(), Refusal> {
+        if gate == Gate::Request {
+            if epoch != auth.epoch() {
+                return Err(Refusal::StaleEpoch);
+            }
+            if !auth.is_member(from) {
+                return Err(Refusal::NotMember);
+            }
+        }
+        if key.len() > self.config.limits.max_key_len {
+            return Err(Refusal::KeyTooLong);
+        }
+        let role = self.keys.get(key).map_or(Role::Home, |e| e.role);
+        self.may_grant(now, key, role, auth)
+    }
+
+    /// Whether this home may grant `key` now: it is the key's home, it is active for the key
+    /// (for adopted keys: holds its lease), and the restart quarantine is over.
+    fn may_grant(&self, now: Instant, key: &[u8], role: Role, auth: &impl Authority) -> Result<(), Refusal> {
+        if auth.home_of(key) != Some(self.config.id) || matches!(role, Role::Moved | Role::Tracking) {
+            return Err(Refusal::NotHome);
+        }
+        let active = match role {
+            Role::Adopted => auth.holds_lease(now),
+            _ if self.bugs().ignore_activation => auth.holds_lease(now),
+            _ => auth.home_active(now, key),
+        };
+        if !active {
+            return Err(Refusal::Activating);
+        }
+        let quarantine_end = self.quarantine_end(&auth.timing());
+        if now < quarantine_end {
+            return Err(Refusal::Quarantine(quarantine_end.saturating_duration_since(now)));
+        }
+        Ok(())
+    }
+
+    /// The caps a grant of a key without a live delegation must fit in.
+    fn grant_caps(&self, from: NodeId) -> Result<(), Refusal> {
+        let limits = &self.config.limits;
+        if self.counts.live + self.counts.delayed >= limits.max_delegations {
+            return Err(Refusal::HomeFull);
+        }
+        if self.delegations_of(from) >= limits.max_per_requester {
+            return Err(Refusal::RequesterFull);
+        }
+        Ok(())
+    }
+
+    // ---- per-key state changes ----
+
+    /// Grants the free key `e` to `from` for request `id`, handing over the record's note.
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        &mut self,
+        now: Instant,
+        key: &KeyRef,
+        e: &mut Entry,
+        from: NodeId,
+        id: u64,
+        lease: Duration,
+        auth: &impl Authority,
+    ) {
+        let (note, recovered) = match &mut e.phase {
+            Phase::Free { note, recovered, .. } => (note.take(), *recovered),
+            _ => (None, true),
+        };
+        self.counter += 1;
+        let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
+        let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
+        e.phase = Phase::Held(Live { holder: from, grantee, id, end });
+        if let Some(q) = e.queue.as_mut() {
+            // Others still wait: the new holder hears so at once.
+            q.recall_next = now;
+        }
+        if e.role == Role::Stale {
+            // Granted behind `home_active`: every other home's delegation has ended.
+            e.role = Role::Home;
+        }
+        let note = note.map(Vec::from);
+        self.send(from, Body::Grant { key: key.to_vec(), id, grantee, lease, note, recovered });
+    }
+
+    /// Makes `e` free with what the next grant carries, within the record caps.
+    fn set_free(&mut self, now: Instant, e: &mut Entry, note: Option<Box<[u8]>>, recovered: bool) {
+        let over_bytes =
+            note.as_ref().is_some_and(|n| self.counts.record_bytes + n.len() > self.config.max_record_bytes);
+        let over_count = self.counts.records >= self.config.max_records && e.role != Role::Moved;
+        let (note, recovered) = if over_bytes || over_count { (None, true) } else { (note, recovered) };
+        e.phase = Phase::Free { note, recovered, until: now + self.config.record_retention };
+    }
+
+    /// Brings `e` up to date at `now`: expiries, lock-delay ends, grants to queued requesters,
+    /// waits that ran out, Recall and Handover sends. Afterwards every deadline of `e` is later
+    /// than `now`.
+    fn service(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, auth: &impl Authority) {
+        let retry = retry_period(&auth.timing());
+        loop {
+            match &e.phase {
+                Phase::Held(live) if now >= live.end => {
+                    let end = live.end;
+                    self.expire(now, key, e, end);
+                }
+                Phase::Delay { until } if now >= *until => {
+                    self.set_free(now, e, None, true);
+                }
+                Phase::Free { .. } if e.queue.is_some() => self.promote(now, key, e, auth),
+                _ => break,
+            }
+        }
+        self.expire_waiters(now, key, e);
+        if let Phase::Held(live) = &e.phase
+            && let Some(q) = e.queue.as_mut()
+            && now >= q.recall_next
+        {
+            q.recall_next = now + retry;
+            let (holder, grantee) = (live.holder, live.grantee);
+            self.send(holder, Body::Recall { key: key.to_vec(), grantee });
+        }
+        if e.role == Role::Moved {
+            self.hand_over(now, key, e, retry);
+        }
+    }
+
+    /// The delegation of `e` reached its conservative end `end` (at or before `now`).
+    fn expire(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, end: Instant) {
+        let lock_delay = self.config.lock_delay;
+        if lock_delay.is_zero() || matches!(e.role, Role::Tracking) {
+            self.set_free(now, e, None, true);
+            return;
+        }
+        let until = end + lock_delay;
+        e.phase = Phase::Delay { until };
+        if until > now {
+            // Those who would stop waiting before the delay ends hear so now.
+            let remaining = until.saturating_duration_since(now);
+            self.refuse_waiters_where(key, e, |w| w.deadline <= until, Refusal::LockDelay(remaining));
+        }
+    }
+
+    /// Grants the free key `e` to its first queued requester that may have it, or refuses them all
+    /// if this home may not grant the key now.
+    fn promote(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, auth: &impl Authority) {
+        if let Err(reason) = self.may_grant(now, key, e.role, auth) {
+            self.refuse_waiters(key, e, reason);
+            return;
+        }
+        while let Some(w) = e.pop_waiter() {
+            if w.deadline <= now {
+                self.refuse(w.from, key.to_vec(), w.id, Refusal::WaitExpired);
+            } else if self.delegations_of(w.from) >= self.config.limits.max_per_requester {
+                self.refuse(w.from, key.to_vec(), w.id, Refusal::RequesterFull);
+            } else {
+                self.grant(now, key, e, w.from, w.id, w.lease, auth);
+                return;
+            }
+        }
+    }
+
+    fn expire_waiters(&mut self, now: Instant, key: &KeyRef, e: &mut Entry) {
+        self.refuse_waiters_where(key, e, |w| w.deadline <= now, Refusal::WaitExpired);
+    }
+
+    fn refuse_waiters(&mut self, key: &KeyRef, e: &mut Entry, reason: Refusal) {
+        self.refuse_waiters_where(key, e, |_| true, reason);
+    }
+
+    fn refuse_waiters_where(
+        &mut self,
+        key: &KeyRef,
+        e: &mut Entry,
+        mut which: impl FnMut(&Waiter) -> bool,
+        reason: Refusal,
+    ) {
+        let Some(q) = e.queue.as_mut() else { return };
+        let mut refused = Vec::new();
+        q.waiters.retain(|w| {
+            let refuse = which(w);
+            if refuse {
+                refused.push((w.from, w.id));
+            }
+            !refuse
+        });
+        if q.waiters.is_empty() {
+            e.queue = None;
+        }
+        for (from, id) in refused {
+            self.refuse(from, key.to_vec(), id, reason);
+        }
+    }
+
+    /// Sends the Handover of moved key `e` if it is due, or gives up.
+    fn hand_over(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, retry: Duration) {
+        let Some(m) = self.moving.get_mut(key) else { return };
+        if now < m.next_send {
+            return;
+        }
+        let (live, note, recovered, lock_delay) = match &e.phase {
+            Phase::Held(live) => {
+                let remaining = live.end.saturating_duration_since(now);
+                let handed = Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining };
+                (Some(handed), None, false, Duration::ZERO)
+            }
+            Phase::Delay { until } => (None, None, true, until.saturating_duration_since(now)),
+            Phase::Free { note, recovered, .. } => {
+                (None, note.as_deref().map(<[u8]>::to_vec), *recovered, Duration::ZERO)
+            }
+        };
+        if live.is_none() && m.sends >= HANDOVER_SENDS {
+            // Nothing live to protect: forget the key; the new home waits out the activation.
+            self.moving.remove(key);
+            e.role = Role::Tracking;
+            e.phase = Phase::Free { note: None, recovered: true, until: now };
+            return;
+        }
+        // Only sends without a live delegation count towards giving up.
+        m.sends = if live.is_some() { 0 } else { m.sends + 1 };
+        m.next_send = now + retry;
+        let to = m.to;
+        self.send(to, Body::Handover { key: key.to_vec(), live, note, recovered, lock_delay });
+    }
+
+    // ---- bookkeeping ----
+
+    /// Takes `key`'s entry out of the map (and out of the totals) for processing.
+    fn take(&mut self, key: &[u8]) -> Option<(KeyRef, Entry)> {
+        let (k, e) = self.keys.remove_entry(key)?;
+        match &e.phase {
+            Phase::Held(live) => {
+                self.counts.live -= 1;
+                if let Some(n) = self.counts.per_holder.get_mut(&live.holder) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.counts.per_holder.remove(&live.holder);
+                    }
+                }
+            }
+            Phase::Delay { .. } => self.counts.delayed -= 1,
+            Phase::Free { note, .. } => {
+                self.counts.records -= 1;
+                self.counts.record_bytes -= note.as_ref().map_or(0, |n| n.len());
+            }
+        }
+        Some((k, e))
+    }
+
+    /// Puts a processed entry back, or drops it when there is nothing left worth keeping, and
+    /// arms its next wake-up.
+    fn finish(&mut self, now: Instant, key: KeyRef, mut e: Entry) {
+        let keep = match &e.phase {
+            Phase::Held(_) | Phase::Delay { .. } => true,
+            Phase::Free { note, recovered, until } => match e.role {
+                Role::Moved => true,
+                Role::Tracking => false,
+                Role::Adopted => now < *until,
+                Role::Home | Role::Stale => (note.is_some() || !recovered) && now < *until,
+            },
+        };
+        if !keep {
+            self.moving.remove(&key);
+            return;
+        }
+        if let Some(at) = self.next_wake(&key, &e)
+            && at < e.wake
+        {
+            debug_assert!(at > now, "a wake-up at {at:?} is not after {now:?}: it would spin");
+            e.wake = at;
+            self.timers.push(Reverse((at, key.clone())));
+        }
+        match &e.phase {
+            Phase::Held(live) => {
+                self.counts.live += 1;
+                *self.counts.per_holder.entry(live.holder).or_default() += 1;
+            }
+            Phase::Delay { .. } => self.counts.delayed += 1,
+            Phase::Free { note, .. } => {
+                self.counts.records += 1;
+                self.counts.record_bytes += note.as_ref().map_or(0, |n| n.len());
+            }
+        }
+        self.keys.insert(key, e);
+    }
+
+    /// The earliest instant something happens to `e` by itself.
+    fn next_wake(&self, key: &KeyRef, e: &Entry) -> Option<Instant> {
+        let first_deadline = e.queue.as_ref().and_then(|q| q.waiters.iter().map(|w| w.deadline).min());
+        let own = match &e.phase {
+            Phase::Held(live) => {
+                let recall = e.queue.as_ref().map(|q| q.recall_next);
+                [Some(live.end), first_deadline, recall].into_iter().flatten().min()
+            }
+            Phase::Delay { until } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
+            Phase::Free { until, .. } => (e.role != Role::Moved).then_some(*until),
+        };
+        let handover = self.moving.get(key).map(|m| m.next_send);
+        own.into_iter().chain(handover).min()
+    }
+
+    /// The switches in force (all off without the `bug-injection` feature).
+    fn bugs(&self) -> crate::bugs::Bugs {
+        #[cfg(feature = "bug-injection")]
+        return self.config.bugs;
+        #[cfg(not(feature = "bug-injection"))]
+        crate::bugs::Bugs::default()
+    }
+
+    /// `rate_margin(lease, ppm)`: the home's conservative view of a lease it grants.
+    fn margin(&self, lease: Duration, ppm: u32) -> Duration {
+        if self.bugs().no_rate_margin { lease } else { rate_margin(lease, ppm) }
+    }
+
+    fn send(&mut self, to: NodeId, body: Body) {
+        let epoch = self.epoch.unwrap_or(0);
+        self.out.push_back((to, Message { epoch, body }));
+    }
+
+    fn refuse(&mut self, to: NodeId, key: Key, id: u64, reason: Refusal) {
+        self.send(to, Body::Refuse { key, id, reason });
+    }
+}
+
+impl Live {
+    fn view(&self) -> Delegation {
+        Delegation { holder: self.holder, grantee: self.grantee, end: self.end }
+    }
+}
+
+impl Entry {
+    fn waiting(&self) -> usize {
+        self.queue.as_ref().map_or(0, |q| q.waiters.len())
+    }
+
+    fn pop_waiter(&mut self) -> Option<Waiter> {
+        let q = self.queue.as_mut()?;
+        let w = q.waiters.pop_front();
+        if q.waiters.is_empty() {
+            self.queue = None;
+        }
+        w
+    }
+}
+
+/// Drops what the next grant would have carried: this home can no longer vouch for it.
+fn forget_record(e: &mut Entry) {
+    if let Phase::Free { note, recovered, .. } = &mut e.phase {
+        *note = None;
+        *recovered = true;
+    }
+}
+
+/// The Recall and Handover resend period: a quarter home lease, at least [`MIN_RETRY`].
+pub fn retry_period(timing: &Timing) -> Duration {
+    (timing.home_lease / 4).max(MIN_RETRY)
+}
+
+/// The longest lease that, counted by any node from any instant before now on its own clock,
+/// surely ends before `remaining` has passed on this node's clock: the inverse of
+/// [`rate_margin`], rounded down (`rate_margin(shrink(r)) <= r`).
+pub fn shrink(remaining: Duration, rate_ppm: u32) -> Duration {
+    const PPM: u128 = 1_000_000;
+    let eps = u128::from(rate_ppm);
+    if eps >= PPM {
+        return Duration::ZERO;
+    }
+    let nanos = remaining.as_nanos() * (PPM - eps) / (PPM + eps);
+    u64::try_from(nanos).map_or(Duration::MAX, Duration::from_nanos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shrink_inverts_the_margin() {
+        for ppm in [0, 1, 10_000, 100_000] {
+            for nanos in [0, 1, 999, 1_000_000_007, 3_600_000_000_000] {
+                let r = Duration::from_nanos(nanos);
+                let s = shrink(r, ppm);
+                assert!(rate_margin(s, ppm) <= r, "{ppm} {nanos}");
+                assert!(rate_margin(s + Duration::from_nanos(2), ppm) > r || ppm == 0, "{ppm} {nanos}");
+            }
+        }
+    }
+
+    #[test]
+    fn per_key_state_is_small() {
+        // The figure the module documentation quotes.
+        assert_eq!(std::mem::size_of::<Live>(), 48);
+        assert!(std::mem::size_of::<Entry>() <= 80, "{}", std::mem::size_of::<Entry>());
+        assert_eq!(std::mem::size_of::<Reverse<(Instant, KeyRef)>>(), 24);
+    }
+}

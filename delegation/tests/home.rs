@@ -1,0 +1,1101 @@
+//! The home side of delegations, driven by a scripted epoch layer and a hand-held clock.
+//!
+//! Every test names the rule of `delegation::home` it pins down; each would fail if the rule
+//! were broken.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
+use keyhome_delegation::{
+    Authority, Body, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, KeyStatus, Limits, Message,
+    Refusal,
+};
+use keyhome_epoch::time::rate_margin;
+use keyhome_epoch::{Instant, NodeId, Timing};
+
+// ---- a counting allocator, per thread, for the memory test ----
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATED: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    let _ = ALLOCATED.try_with(|a| a.set(a.get() + delta));
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; the counter is a thread-local `Cell`
+// with a const initialiser and no destructor, so updating it never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        count(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocated() -> isize {
+    ALLOCATED.with(|a| a.get())
+}
+
+// ---- the scripted epoch layer ----
+
+/// The home under test.
+const H: NodeId = NodeId(1);
+const A: NodeId = NodeId(2);
+const B: NodeId = NodeId(3);
+const C: NodeId = NodeId(4);
+/// A key's new home after an epoch change.
+const N: NodeId = NodeId(5);
+/// Not a member.
+const X: NodeId = NodeId(99);
+
+const TIMING: Timing = Timing {
+    home_lease: Duration::from_millis(100),
+    max_delegation_lease: Duration::from_secs(1),
+    clock_rate_ppm: 10_000,
+};
+
+/// What the epoch layer says, set field by field per test.
+#[derive(Clone, Debug)]
+struct Script {
+    me: NodeId,
+    epoch: u64,
+    incarnation: u64,
+    timing: Timing,
+    members: Vec<NodeId>,
+    /// Home of every key not in `homes`.
+    home: Option<NodeId>,
+    homes: HashMap<Vec<u8>, NodeId>,
+    /// `home_active` for keys homed at `me`.
+    active: bool,
+    lease: bool,
+    /// Home of every key under the previous epoch.
+    previous: Option<NodeId>,
+}
+
+impl Script {
+    fn new(me: NodeId) -> Script {
+        Script {
+            me,
+            epoch: 1,
+            incarnation: 1,
+            timing: TIMING,
+            members: vec![H, A, B, C, N],
+            home: Some(me),
+            homes: HashMap::new(),
+            active: true,
+            lease: true,
+            previous: None,
+        }
+    }
+}
+
+impl Authority for Script {
+    fn epoch(&self) -> u64 {
+        self.epoch
+    }
+    fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+    fn timing(&self) -> Timing {
+        self.timing
+    }
+    fn is_member(&self, node: NodeId) -> bool {
+        self.members.contains(&node)
+    }
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        self.homes.get(key).copied().or(self.home)
+    }
+    fn home_active(&self, _now: Instant, key: &[u8]) -> bool {
+        self.active && self.lease && self.home_of(key) == Some(self.me)
+    }
+    fn holds_lease(&self, _now: Instant) -> bool {
+        self.lease
+    }
+    fn previous_home_of(&self, _key: &[u8]) -> Option<NodeId> {
+        self.previous
+    }
+}
+
+// ---- helpers ----
+
+/// Milliseconds after the test's origin, well past the restart quarantine of a home started at 0.
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos((10_000 + ms) * 1_000_000)
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// The home's conservative end of a lease granted at `t`.
+fn end_of(t: Instant, lease: Duration) -> Instant {
+    t + rate_margin(lease, TIMING.clock_rate_ppm)
+}
+
+fn home() -> Home {
+    Home::new(HomeConfig::new(H), Instant::ZERO)
+}
+
+fn request(
+    epoch: u64,
+    key: &[u8],
+    id: u64,
+    lease: Duration,
+    wait: Duration,
+    held: Option<Grantee>,
+) -> Message {
+    Message { epoch, body: Body::Request { key: key.to_vec(), id, lease, wait, held } }
+}
+
+/// A request under epoch 1 for a 500 ms lease, waiting up to `wait`.
+fn req(key: &[u8], id: u64, wait: Duration) -> Message {
+    request(1, key, id, ms(500), wait, None)
+}
+
+fn release(epoch: u64, key: &[u8], grantee: Grantee, note: Option<&[u8]>) -> Message {
+    Message { epoch, body: Body::Release { key: key.to_vec(), grantee, note: note.map(<[u8]>::to_vec) } }
+}
+
+fn drain(home: &mut Home) -> Vec<(NodeId, Body)> {
+    std::iter::from_fn(|| home.poll_transmit()).map(|(to, m)| (to, m.body)).collect()
+}
+
+/// The one message the home sent, which must be a Grant to `to`: (id, grantee, lease, note,
+/// recovered).
+fn the_grant(home: &mut Home, to: NodeId) -> (u64, Grantee, Duration, Option<Vec<u8>>, bool) {
+    let out = drain(home);
+    assert_eq!(out.len(), 1, "{out:?}");
+    match out.into_iter().next() {
+        Some((dest, Body::Grant { id, grantee, lease, note, recovered, .. })) if dest == to => {
+            (id, grantee, lease, note, recovered)
+        }
+        other => panic!("expected a grant to {to}, got {other:?}"),
+    }
+}
+
+fn the_refusal(home: &mut Home, to: NodeId) -> (u64, Refusal) {
+    let out = drain(home);
+    assert_eq!(out.len(), 1, "{out:?}");
+    match out.into_iter().next() {
+        Some((dest, Body::Refuse { id, reason, .. })) if dest == to => (id, reason),
+        other => panic!("expected a refusal to {to}, got {other:?}"),
+    }
+}
+
+/// Grants `key` to `to` at `t` and returns the grantee.
+fn grant(home: &mut Home, auth: &Script, t: Instant, to: NodeId, key: &[u8], id: u64) -> Grantee {
+    home.handle_message(t, to, req(key, id, ms(0)), auth);
+    the_grant(home, to).1
+}
+
+/// Everything the home allocates per key, for "no allocation" checks.
+fn footprint(home: &Home, key: &[u8]) -> (usize, usize, usize, usize, Vec<(NodeId, u64)>) {
+    (home.tracked_keys(), home.delegations(), home.keys_in_lock_delay(), home.records(), home.waiters(key))
+}
+
+// ---- rule 1: refusals, in order, before any allocation ----
+
+#[test]
+fn refusals_come_in_order_before_any_allocation() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let long = vec![b'k'; Limits::DEFAULT.max_key_len + 1];
+    let t = Instant::from_nanos(1_000_000); // inside the restart quarantine too
+    let before = footprint(&home, &long);
+    let ask = |home: &mut Home, auth: &Script, epoch, from, key: &[u8]| {
+        home.handle_message(t, from, request(epoch, key, 7, ms(500), ms(100), None), auth);
+        let (id, reason) = the_refusal(home, from);
+        assert_eq!(id, 7);
+        reason
+    };
+    // Everything wrong at once: the epoch is reported first, then each next check as the
+    // previous one is put right.
+    auth.home = Some(N);
+    auth.active = false;
+    assert_eq!(ask(&mut home, &auth, 0, X, &long), Refusal::StaleEpoch);
+    assert_eq!(ask(&mut home, &auth, 2, X, &long), Refusal::StaleEpoch, "a newer epoch is refused too");
+    assert_eq!(ask(&mut home, &auth, 1, X, &long), Refusal::NotMember);
+    assert_eq!(ask(&mut home, &auth, 1, A, &long), Refusal::KeyTooLong);
+    assert_eq!(ask(&mut home, &auth, 1, A, b"k"), Refusal::NotHome);
+    auth.home = Some(H);
+    assert_eq!(ask(&mut home, &auth, 1, A, b"k"), Refusal::Activating);
+    auth.active = true;
+    let quarantine = rate_margin(TIMING.max_delegation_lease, TIMING.clock_rate_ppm);
+    assert_eq!(ask(&mut home, &auth, 1, A, b"k"), Refusal::Quarantine(quarantine - ms(1)));
+    assert_eq!(footprint(&home, &long), before);
+    assert_eq!(footprint(&home, b"k"), before);
+    assert_eq!(home.poll_timeout(), None, "no timer either");
+}
+
+#[test]
+fn restart_quarantine_lasts_the_widened_delegation_lease() {
+    let started = Instant::from_nanos(5_000_000_000);
+    let mut home = Home::new(HomeConfig::new(H), started);
+    let auth = Script::new(H);
+    let end = started + rate_margin(TIMING.max_delegation_lease, TIMING.clock_rate_ppm);
+    assert_eq!(home.quarantine_end(&TIMING), end);
+    let before_end = end - Duration::from_nanos(1);
+    home.handle_message(before_end, A, req(b"k", 1, ms(10)), &auth);
+    assert_eq!(the_refusal(&mut home, A), (1, Refusal::Quarantine(Duration::from_nanos(1))));
+    assert_eq!(home.tracked_keys(), 0);
+    home.handle_message(end, A, req(b"k", 2, ms(10)), &auth);
+    assert_eq!(the_grant(&mut home, A).0, 2);
+}
+
+#[test]
+fn home_full_refuses_before_allocating() {
+    let mut config = HomeConfig::new(H);
+    config.limits.max_delegations = 2;
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"a", 1);
+    grant(&mut home, &auth, at(0), B, b"b", 1);
+    let before = footprint(&home, b"c");
+    home.handle_message(at(1), C, req(b"c", 1, ms(100)), &auth);
+    assert_eq!(the_refusal(&mut home, C), (1, Refusal::HomeFull));
+    assert_eq!(footprint(&home, b"c"), before);
+    // A held key still queues: queuing creates no delegation.
+    home.handle_message(at(1), C, req(b"a", 2, ms(100)), &auth);
+    assert!(matches!(drain(&mut home)[..], [(A, Body::Recall { .. })]));
+    assert_eq!(home.waiters(b"a"), vec![(C, 2)]);
+}
+
+#[test]
+fn requester_full_refuses_before_allocating() {
+    let mut config = HomeConfig::new(H);
+    config.limits.max_per_requester = 1;
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"a", 1);
+    grant(&mut home, &auth, at(0), B, b"b", 1);
+    for key in [&b"c"[..], b"b"] {
+        let before = footprint(&home, key);
+        home.handle_message(at(1), A, req(key, 9, ms(100)), &auth);
+        assert_eq!(the_refusal(&mut home, A), (9, Refusal::RequesterFull), "{key:?}");
+        assert_eq!(footprint(&home, key), before);
+    }
+    assert_eq!(home.delegations_of(A), 1);
+}
+
+#[test]
+fn queue_full_refuses_before_allocating() {
+    let mut config = HomeConfig::new(H);
+    config.limits.max_waiters_per_key = 2;
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(100)), &auth);
+    home.handle_message(at(1), C, req(b"k", 1, ms(100)), &auth);
+    drain(&mut home);
+    let before = footprint(&home, b"k");
+    home.handle_message(at(1), N, req(b"k", 1, ms(100)), &auth);
+    assert_eq!(the_refusal(&mut home, N), (1, Refusal::QueueFull));
+    assert_eq!(footprint(&home, b"k"), before);
+}
+
+#[test]
+fn lease_is_clamped_to_the_epochs_longest_delegation() {
+    let mut home = home();
+    let auth = Script::new(H);
+    home.handle_message(at(0), A, request(1, b"k", 1, Duration::from_secs(60), ms(0), None), &auth);
+    let (_, _, lease, _, _) = the_grant(&mut home, A);
+    assert_eq!(lease, TIMING.max_delegation_lease);
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(0), TIMING.max_delegation_lease));
+}
+
+// ---- rule 2: one live delegation, grantees, conservative end ----
+
+#[test]
+fn one_live_delegation_per_key_with_the_conservative_end() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    auth.incarnation = 7;
+    let g1 = grant(&mut home, &auth, at(0), A, b"k", 1);
+    assert_eq!(g1, Grantee { epoch: 1, incarnation: 7, counter: 1 });
+    assert_eq!(
+        home.delegation(b"k"),
+        Some(Delegation { holder: A, grantee: g1, end: end_of(at(0), ms(500)) })
+    );
+    assert!(end_of(at(0), ms(500)) > at(500), "the home's view outlasts the lease");
+    // A second requester is queued, not granted.
+    home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
+    let out = drain(&mut home);
+    assert!(out.iter().all(|(_, b)| !matches!(b, Body::Grant { .. })), "{out:?}");
+    assert_eq!(home.delegations(), 1);
+    assert_eq!(home.delegation(b"k").unwrap().holder, A);
+    // Another key is independent and takes the next counter.
+    let g2 = grant(&mut home, &auth, at(2), B, b"other", 1);
+    assert_eq!(g2.counter, 2);
+}
+
+#[test]
+fn first_grant_of_an_unknown_key_is_recovered() {
+    let mut home = home();
+    let auth = Script::new(H);
+    home.handle_message(at(0), A, req(b"k", 1, ms(0)), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut home, A);
+    assert_eq!((note, recovered), (None, true), "the home cannot vouch for a key it has no record of");
+}
+
+// ---- rule 3: queue, recall, renewal, expiry of waits ----
+
+#[test]
+fn waiters_are_served_in_order_and_deduplicated() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 10, ms(900)), &auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(900)), &auth);
+    home.handle_message(at(3), B, req(b"k", 10, ms(900)), &auth); // a duplicate
+    home.handle_message(at(4), N, req(b"k", 30, ms(900)), &auth);
+    drain(&mut home);
+    assert_eq!(home.waiters(b"k"), vec![(B, 10), (C, 20), (N, 30)]);
+    home.handle_message(at(5), A, release(1, b"k", g, None), &auth);
+    let out = drain(&mut home);
+    let g_b = match &out[..] {
+        [(B, Body::Grant { id: 10, grantee, .. }), (B, Body::Recall { .. })] => *grantee,
+        other => panic!("{other:?}"),
+    };
+    home.handle_message(at(6), B, release(1, b"k", g_b, None), &auth);
+    assert!(matches!(drain(&mut home)[..], [(C, Body::Grant { id: 20, .. }), (C, Body::Recall { .. })]));
+    assert_eq!(home.waiters(b"k"), vec![(N, 30)]);
+}
+
+#[test]
+fn recall_is_sent_once_then_again_after_the_period() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let period = retry_period(&TIMING);
+    assert_eq!(period, ms(25));
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
+    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    home.handle_message(at(2), C, req(b"k", 1, ms(900)), &auth);
+    assert_eq!(drain(&mut home), vec![], "one recall per period, not one per waiter");
+    let resend = at(1) + period;
+    assert_eq!(home.poll_timeout(), Some(resend));
+    home.handle_timeout(resend - Duration::from_nanos(1), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    home.handle_timeout(resend, &auth);
+    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    assert_eq!(home.poll_timeout(), Some(resend + period));
+}
+
+#[test]
+fn no_recall_when_nobody_waits() {
+    let mut home = home();
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(0)), &auth);
+    assert_eq!(the_refusal(&mut home, B), (1, Refusal::WaitExpired), "a try-lock neither waits nor recalls");
+    home.handle_timeout(at(400), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+}
+
+#[test]
+fn expired_waiters_are_refused_and_dropped() {
+    let mut home = home();
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(50)), &auth);
+    home.handle_message(at(1), C, req(b"k", 2, ms(300)), &auth);
+    drain(&mut home);
+    home.handle_timeout(at(50), &auth);
+    assert!(drain(&mut home).iter().all(|(_, b)| !matches!(b, Body::Refuse { .. })));
+    home.handle_timeout(at(51), &auth);
+    let out = drain(&mut home);
+    assert!(out.contains(&(B, Body::Refuse { key: b"k".to_vec(), id: 1, reason: Refusal::WaitExpired })));
+    assert_eq!(home.waiters(b"k"), vec![(C, 2)]);
+}
+
+#[test]
+fn renewal_extends_and_keeps_the_grantee() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(300), A, request(1, b"k", 2, ms(500), ms(0), Some(g)), &auth);
+    assert_eq!(the_grant(&mut home, A), (2, g, ms(500), None, false));
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(300), ms(500)));
+    // A shorter renewal never shortens the home's view.
+    home.handle_message(at(301), A, request(1, b"k", 3, ms(10), ms(0), Some(g)), &auth);
+    the_grant(&mut home, A);
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(300), ms(500)));
+    assert_eq!(home.delegations(), 1);
+    // Someone else naming A's grantee is no renewal.
+    home.handle_message(at(302), B, request(1, b"k", 1, ms(500), ms(100), Some(g)), &auth);
+    assert!(matches!(drain(&mut home)[..], [(A, Body::Recall { .. })]));
+}
+
+#[test]
+fn renewal_is_refused_while_others_wait() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
+    drain(&mut home);
+    home.handle_message(at(300), A, request(1, b"k", 2, ms(500), ms(0), Some(g)), &auth);
+    let out = drain(&mut home);
+    let refused = (A, Body::Refuse { key: b"k".to_vec(), id: 2, reason: Refusal::Recalled });
+    assert!(out.contains(&refused), "{out:?}");
+    assert!(out.iter().all(|m| *m == refused || matches!(m, (A, Body::Recall { .. }))), "{out:?}");
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(0), ms(500)), "not extended");
+}
+
+#[test]
+fn a_lost_grant_is_sent_again_within_the_homes_view() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(100), A, req(b"k", 1, ms(0)), &auth); // the same request again
+    let (id, grantee, lease, note, recovered) = the_grant(&mut home, A);
+    assert_eq!((id, grantee, note, recovered), (1, g, None, true));
+    // Counted from any instant up to now, the lease ends within the home's view.
+    assert!(at(100) + rate_margin(lease, TIMING.clock_rate_ppm) <= end_of(at(0), ms(500)));
+    assert!(lease > ms(390));
+    assert_eq!(home.delegations(), 1);
+    assert_eq!(home.waiters(b"k"), vec![]);
+}
+
+// ---- rule 4: release ----
+
+#[test]
+fn release_with_note_hands_it_to_the_next_grant() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(10), A, release(1, b"k", g, Some(b"pos=42")), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegations(), 0);
+    assert_eq!(home.status(b"k"), KeyStatus::Free { recovered: false, note_len: Some(6) });
+    home.handle_message(at(20), B, req(b"k", 1, ms(0)), &auth);
+    let (_, g2, _, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((note.as_deref(), recovered), (Some(&b"pos=42"[..]), false));
+    assert!(g2 > g);
+    // Straight to a waiter too, and a clean release without a note is not `recovered`.
+    home.handle_message(at(30), C, req(b"k", 1, ms(500)), &auth);
+    drain(&mut home);
+    home.handle_message(at(40), B, release(1, b"k", g2, None), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut home, C);
+    assert_eq!((note, recovered), (None, false));
+}
+
+#[test]
+fn oversized_note_frees_the_key_but_the_next_grant_is_recovered() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    let big = vec![0; Limits::DEFAULT.max_note_len + 1];
+    home.handle_message(at(10), A, release(1, b"k", g, Some(&big)), &auth);
+    assert_eq!(home.delegations(), 0);
+    home.handle_message(at(20), B, req(b"k", 1, ms(0)), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((note, recovered), (None, true));
+}
+
+#[test]
+fn a_release_that_does_not_match_is_ignored() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    let other = Grantee { counter: g.counter + 1, ..g };
+    home.handle_message(at(10), A, release(1, b"k", other, None), &auth);
+    home.handle_message(at(10), B, release(1, b"k", g, None), &auth); // not the holder
+    home.handle_message(at(10), A, release(1, b"unknown", g, None), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegation(b"k").map(|d| d.grantee), Some(g));
+    // A release under another epoch still counts: it only gives back what the holder holds.
+    home.handle_message(at(11), A, release(7, b"k", g, None), &auth);
+    assert_eq!(home.delegations(), 0);
+}
+
+#[test]
+fn released_records_are_kept_for_the_retention_then_forgotten() {
+    let mut config = HomeConfig::new(H);
+    config.record_retention = Duration::from_secs(60);
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(10), A, release(1, b"k", g, Some(b"n")), &auth);
+    assert_eq!(home.records(), 1);
+    let forget = at(10) + Duration::from_secs(60);
+    home.handle_timeout(forget - Duration::from_nanos(1), &auth);
+    assert_eq!(home.records(), 1);
+    home.handle_timeout(forget, &auth);
+    assert_eq!((home.records(), home.tracked_keys()), (0, 0));
+    assert_eq!(home.status(b"k"), KeyStatus::Free { recovered: true, note_len: None });
+}
+
+#[test]
+fn record_caps_drop_the_record_and_flag_the_next_grant() {
+    let mut config = HomeConfig::new(H);
+    config.max_records = 1;
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    let g1 = grant(&mut home, &auth, at(0), A, b"a", 1);
+    let g2 = grant(&mut home, &auth, at(0), A, b"b", 2);
+    home.handle_message(at(1), A, release(1, b"a", g1, Some(b"1")), &auth);
+    home.handle_message(at(1), A, release(1, b"b", g2, Some(b"2")), &auth);
+    assert_eq!(home.records(), 1);
+    home.handle_message(at(2), B, req(b"b", 1, ms(0)), &auth);
+    assert!(the_grant(&mut home, B).4);
+    home.handle_message(at(2), B, req(b"a", 2, ms(0)), &auth);
+    assert_eq!(the_grant(&mut home, B).3.as_deref(), Some(&b"1"[..]));
+}
+
+// ---- rule 5: expiry and lock-delay ----
+
+#[test]
+fn expiry_never_comes_before_the_conservative_end() {
+    let mut home = home();
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, Duration::from_secs(5)), &auth);
+    drain(&mut home);
+    let end = end_of(at(0), ms(500));
+    assert_eq!(end, at(0) + Duration::from_nanos(510_101_011), "500 ms widened by 1 % both ways");
+    // Every wake-up before the end leaves the delegation alone (Recalls aside).
+    while let Some(t) = home.poll_timeout().filter(|&t| t < end) {
+        home.handle_timeout(t, &auth);
+        assert!(drain(&mut home).iter().all(|(_, b)| matches!(b, Body::Recall { .. })));
+    }
+    home.handle_timeout(end - Duration::from_nanos(1), &auth);
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(A));
+    // A message at end − 1 ns does not end it either.
+    home.handle_message(end - Duration::from_nanos(1), C, req(b"k", 1, ms(0)), &auth);
+    assert_eq!(the_refusal(&mut home, C).1, Refusal::WaitExpired);
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(A));
+    home.handle_timeout(end, &auth);
+    let (id, _, _, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((id, note, recovered), (1, None, true));
+}
+
+#[test]
+fn an_expired_key_without_waiters_is_forgotten_and_recovered() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_timeout(end_of(at(0), ms(500)), &auth);
+    assert_eq!((home.delegations(), home.tracked_keys()), (0, 0));
+    home.handle_message(at(600), A, release(1, b"k", g, Some(b"late")), &auth);
+    home.handle_message(at(601), B, req(b"k", 1, ms(0)), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((note, recovered), (None, true), "a release after the end changes nothing");
+}
+
+#[test]
+fn lock_delay_is_its_own_state_and_is_respected() {
+    let mut config = HomeConfig::new(H);
+    config.lock_delay = ms(200);
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, Duration::from_secs(2)), &auth);
+    home.handle_message(at(2), C, req(b"k", 2, ms(600)), &auth); // ends before the delay does
+    drain(&mut home);
+    let end = end_of(at(0), ms(500));
+    let until = end + ms(200);
+    home.handle_timeout(end, &auth);
+    let refused_c = Body::Refuse { key: b"k".to_vec(), id: 2, reason: Refusal::LockDelay(ms(200)) };
+    assert_eq!(drain(&mut home), vec![(C, refused_c)]);
+    assert_eq!(home.status(b"k"), KeyStatus::LockDelay { until });
+    assert_eq!(home.lock_delay_until(b"k"), Some(until));
+    assert_eq!((home.keys_in_lock_delay(), home.delegations()), (1, 0));
+    assert_eq!(home.waiters(b"k"), vec![(B, 1)]);
+    // New requests: refused with the time left if their wait cannot cover it, else queued.
+    home.handle_message(end + ms(50), N, req(b"k", 3, ms(100)), &auth);
+    assert_eq!(the_refusal(&mut home, N), (3, Refusal::LockDelay(ms(150))));
+    home.handle_message(end + ms(50), A, req(b"k", 4, ms(500)), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.waiters(b"k"), vec![(B, 1), (A, 4)]);
+    home.handle_timeout(until - Duration::from_nanos(1), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    home.handle_timeout(until, &auth);
+    let out = drain(&mut home);
+    assert!(matches!(
+        &out[..],
+        [(B, Body::Grant { id: 1, recovered: true, note: None, .. }), (B, Body::Recall { .. })]
+    ));
+    assert_eq!(home.keys_in_lock_delay(), 0);
+}
+
+#[test]
+fn lock_delay_without_waiters_then_the_key_is_free() {
+    let mut config = HomeConfig::new(H);
+    config.lock_delay = ms(200);
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    let until = end_of(at(0), ms(500)) + ms(200);
+    home.handle_timeout(end_of(at(0), ms(500)), &auth);
+    home.handle_message(until - Duration::from_nanos(1), B, req(b"k", 1, ms(0)), &auth);
+    assert_eq!(the_refusal(&mut home, B), (1, Refusal::LockDelay(Duration::from_nanos(1))));
+    home.handle_timeout(until, &auth);
+    assert_eq!(home.status(b"k"), KeyStatus::Free { recovered: true, note_len: None });
+    home.handle_message(until, B, req(b"k", 2, ms(0)), &auth);
+    assert!(the_grant(&mut home, B).4);
+}
+
+// ---- rule 6: check ----
+
+#[test]
+fn check_says_whether_a_token_is_current() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    let check = |key: &[u8], id, token: FencingToken| Message {
+        epoch: 1,
+        body: Body::Check { key: key.to_vec(), id, token },
+    };
+    let ask = |home: &mut Home, key: &[u8], token, t| {
+        home.handle_message(t, X, check(key, 5, token), &auth); // anyone may ask
+        match &drain(home)[..] {
+            [(X, Body::CheckReply { id: 5, current, .. })] => *current,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(ask(&mut home, b"k", g.token(17), at(1)), "any admission under the live delegation");
+    assert!(!ask(&mut home, b"k", Grantee { counter: 0, ..g }.token(0), at(1)));
+    assert!(!ask(&mut home, b"k", Grantee { epoch: 2, ..g }.token(0), at(1)));
+    assert!(!ask(&mut home, b"other", g.token(0), at(1)));
+    home.handle_message(at(2), A, release(1, b"k", g, None), &auth);
+    assert!(!ask(&mut home, b"k", g.token(17), at(3)), "released");
+    let g2 = grant(&mut home, &auth, at(4), A, b"k", 2);
+    assert!(ask(&mut home, b"k", g2.token(0), end_of(at(4), ms(500)) - Duration::from_nanos(1)));
+    assert!(!ask(&mut home, b"k", g2.token(0), end_of(at(4), ms(500))), "expired");
+    // Not this node's key: refused, not answered.
+    let mut moved = auth.clone();
+    moved.home = Some(N);
+    home.handle_message(at(5), X, check(b"k", 6, g2.token(0)), &moved);
+    assert_eq!(the_refusal(&mut home, X), (6, Refusal::NotHome));
+}
+
+// ---- rule 7: epoch changes and handovers ----
+
+#[test]
+fn a_key_that_keeps_its_home_keeps_everything() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
+    drain(&mut home);
+    auth.epoch = 2;
+    home.on_epoch_change(at(2), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegation(b"k").map(|d| d.grantee), Some(g));
+    assert_eq!(home.waiters(b"k"), vec![(B, 1)]);
+    // A release under the new epoch grants the waiter, with the note, under the new epoch.
+    home.handle_message(at(3), A, release(2, b"k", g, Some(b"n")), &auth);
+    let out = drain(&mut home);
+    match &out[..] {
+        [(B, Body::Grant { grantee, note: Some(n), recovered: false, .. })] => {
+            assert_eq!((grantee.epoch, n.as_slice()), (2, &b"n"[..]));
+            assert!(*grantee > g);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The old home's side: stop, hand over, resend, forget on the ack.
+#[test]
+fn a_moved_key_is_handed_over_and_forgotten_on_the_ack() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
+    drain(&mut home);
+    auth.epoch = 2;
+    auth.home = Some(N);
+    home.on_epoch_change(at(100), &auth);
+    let end = end_of(at(0), ms(500));
+    let handover = |remaining| Body::Handover {
+        key: b"k".to_vec(),
+        live: Some(Handed { holder: A, grantee: g, id: 1, remaining }),
+        note: None,
+        recovered: false,
+        lock_delay: Duration::ZERO,
+    };
+    let out = drain(&mut home);
+    assert_eq!(
+        out,
+        vec![
+            (B, Body::Refuse { key: b"k".to_vec(), id: 1, reason: Refusal::NotHome }),
+            (N, handover(end.saturating_duration_since(at(100)))),
+        ]
+    );
+    assert_eq!(home.handing_over(b"k"), Some(N));
+    // New requests: NotHome, and the delegation stays tracked.
+    home.handle_message(at(101), C, request(2, b"k", 1, ms(500), ms(900), None), &auth);
+    assert_eq!(the_refusal(&mut home, C), (1, Refusal::NotHome));
+    assert_eq!(home.delegations(), 1);
+    // Resent after the period until acknowledged.
+    let period = retry_period(&TIMING);
+    home.handle_timeout(at(100) + period, &auth);
+    assert_eq!(drain(&mut home), vec![(N, handover(end.saturating_duration_since(at(100) + period)))]);
+    // The holder releases to the old home before the ack: the next Handover says so.
+    home.handle_message(at(129), A, release(1, b"k", g, Some(b"n")), &auth);
+    assert_eq!(home.delegations(), 0);
+    home.handle_timeout(at(100) + period * 2, &auth);
+    let freed = Body::Handover {
+        key: b"k".to_vec(),
+        live: None,
+        note: Some(b"n".to_vec()),
+        recovered: false,
+        lock_delay: Duration::ZERO,
+    };
+    assert_eq!(drain(&mut home), vec![(N, freed)]);
+    // An ack from someone else, or under another epoch, does not count.
+    let ack = |epoch| Message { epoch, body: Body::HandoverAck { key: b"k".to_vec() } };
+    home.handle_message(at(151), C, ack(2), &auth);
+    home.handle_message(at(151), N, ack(3), &auth);
+    assert_eq!((home.tracked_keys(), home.handing_over(b"k")), (1, Some(N)));
+    home.handle_message(at(152), N, ack(2), &auth);
+    assert_eq!((home.delegations(), home.tracked_keys(), home.handing_over(b"k")), (0, 0, None));
+    let mut t = at(152);
+    while let Some(next) = home.poll_timeout() {
+        t = next;
+        home.handle_timeout(t, &auth);
+    }
+    assert!(t < at(1000));
+    assert_eq!(drain(&mut home), vec![], "nothing more once acknowledged");
+}
+
+#[test]
+fn an_unacknowledged_handover_keeps_the_delegation_until_its_end_then_gives_up() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    auth.epoch = 2;
+    auth.home = Some(N);
+    home.on_epoch_change(at(100), &auth);
+    let end = end_of(at(0), ms(500));
+    let mut sends_after_end = 0;
+    while let Some(t) = home.poll_timeout() {
+        home.handle_timeout(t, &auth);
+        if t < end {
+            assert_eq!(home.delegation(b"k").map(|d| d.grantee), Some(g), "never forgotten early");
+        }
+        for (to, body) in drain(&mut home) {
+            assert_eq!(to, N);
+            let Body::Handover { live, recovered, .. } = body else { panic!("{body:?}") };
+            if t >= end {
+                assert_eq!((live, recovered), (None, true), "expired: the next grant is recovered");
+                sends_after_end += 1;
+            }
+        }
+    }
+    assert_eq!(sends_after_end, HANDOVER_SENDS);
+    assert_eq!(home.tracked_keys(), 0);
+}
+
+/// The new home's side: adopt, re-grant right after the handed delegation is released.
+#[test]
+fn the_new_home_adopts_and_regrants_right_after_the_release() {
+    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false; // the activation wait is still running
+    auth.previous = Some(H);
+    let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
+    let handed = Handed { holder: A, grantee: g, id: 1, remaining: ms(400) };
+    let handover = |epoch| Message {
+        epoch,
+        body: Body::Handover {
+            key: b"k".to_vec(),
+            live: Some(handed),
+            note: None,
+            recovered: false,
+            lock_delay: Duration::ZERO,
+        },
+    };
+    // Before adoption, the key waits for the activation.
+    new.handle_message(at(0), B, request(2, b"k", 1, ms(500), ms(900), None), &auth);
+    assert_eq!(the_refusal(&mut new, B), (1, Refusal::Activating));
+    new.handle_message(at(10), H, handover(2), &auth);
+    assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
+    assert!(new.is_adopted(b"k"));
+    assert_eq!(
+        new.delegation(b"k"),
+        Some(Delegation { holder: A, grantee: g, end: at(10) + rate_margin(ms(400), TIMING.clock_rate_ppm) })
+    );
+    // A duplicate handover is acknowledged again and changes nothing.
+    new.handle_message(at(11), H, handover(2), &auth);
+    assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
+    // A waiter queues and the holder is recalled, though `home_active` is still false.
+    new.handle_message(at(20), B, request(2, b"k", 2, ms(500), ms(900), None), &auth);
+    assert_eq!(drain(&mut new), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    // The holder renews? Others wait: refused. It releases: the waiter gets the key at once.
+    new.handle_message(at(30), A, release(2, b"k", g, Some(b"n")), &auth);
+    let (id, g2, _, note, recovered) = the_grant(&mut new, B);
+    assert_eq!((id, note.as_deref(), recovered), (2, Some(&b"n"[..]), false));
+    assert_eq!((g2.epoch, g2.counter), (2, 1));
+    assert!(g2 > g);
+    // Without its home lease, even an adopted key is not granted.
+    new.handle_message(at(40), B, release(2, b"k", g2, None), &auth);
+    auth.lease = false;
+    new.handle_message(at(41), C, request(2, b"k", 1, ms(500), ms(900), None), &auth);
+    assert_eq!(the_refusal(&mut new, C), (1, Refusal::Activating));
+}
+
+#[test]
+fn an_adopted_delegation_is_kept_to_its_widened_end() {
+    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false;
+    auth.previous = Some(H);
+    let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
+    let body = Body::Handover {
+        key: b"k".to_vec(),
+        live: Some(Handed { holder: A, grantee: g, id: 1, remaining: ms(400) }),
+        note: None,
+        recovered: false,
+        lock_delay: Duration::ZERO,
+    };
+    new.handle_message(at(10), H, Message { epoch: 2, body }, &auth);
+    new.handle_message(at(20), B, request(2, b"k", 2, ms(500), Duration::from_secs(2), None), &auth);
+    drain(&mut new);
+    let end = at(10) + rate_margin(ms(400), TIMING.clock_rate_ppm);
+    assert!(end > at(10) + ms(400));
+    new.handle_timeout(end - Duration::from_nanos(1), &auth);
+    assert!(drain(&mut new).iter().all(|(_, b)| !matches!(b, Body::Grant { .. })));
+    assert_eq!(new.delegation(b"k").map(|d| d.grantee), Some(g));
+    new.handle_timeout(end, &auth);
+    let (id, g2, _, note, recovered) = the_grant(&mut new, B);
+    assert_eq!((id, note, recovered, g2.epoch), (2, None, true, 2));
+}
+
+#[test]
+fn a_handover_is_adopted_only_from_the_previous_home_under_the_same_epoch() {
+    let handover = |epoch| Message {
+        epoch,
+        body: Body::Handover {
+            key: b"k".to_vec(),
+            live: None,
+            note: Some(b"n".to_vec()),
+            recovered: false,
+            lock_delay: Duration::ZERO,
+        },
+    };
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false;
+    auth.previous = Some(H);
+    // From a node that was not the key's home: acknowledged (harmless) but not adopted.
+    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    new.handle_message(at(0), C, handover(2), &auth);
+    assert_eq!(drain(&mut new), vec![(C, Body::HandoverAck { key: b"k".to_vec() })]);
+    assert!(!new.is_adopted(b"k"));
+    // Under another epoch: neither.
+    for epoch in [1, 3] {
+        new.handle_message(at(0), H, handover(epoch), &auth);
+        assert_eq!(drain(&mut new), vec![]);
+        assert_eq!(new.tracked_keys(), 0);
+    }
+    // Not this node's key under its epoch.
+    auth.home = Some(B);
+    new.handle_message(at(0), H, handover(2), &auth);
+    assert!(!new.is_adopted(b"k"));
+    // An epoch layer that cannot name the previous home (the default): never adopted.
+    auth.home = Some(N);
+    auth.previous = None;
+    new.handle_message(at(0), H, handover(2), &auth);
+    assert!(!new.is_adopted(b"k"));
+    drain(&mut new);
+    new.handle_message(at(1), B, request(2, b"k", 1, ms(500), ms(0), None), &auth);
+    assert_eq!(the_refusal(&mut new, B), (1, Refusal::Activating));
+    // The right one: the key is free at once, with the handed note.
+    auth.previous = Some(H);
+    new.handle_message(at(2), H, handover(2), &auth);
+    drain(&mut new);
+    new.handle_message(at(3), B, request(2, b"k", 2, ms(500), ms(0), None), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut new, B);
+    assert_eq!((note.as_deref(), recovered), (Some(&b"n"[..]), false));
+}
+
+#[test]
+fn after_a_skipped_epoch_nothing_is_handed_over_and_notes_are_dropped() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g1 = grant(&mut home, &auth, at(0), A, b"moves", 1);
+    let g2 = grant(&mut home, &auth, at(0), A, b"stays", 2);
+    home.handle_message(at(1), A, release(1, b"stays", g2, Some(b"n")), &auth);
+    auth.epoch = 3; // epoch 2 was never seen: someone else may have homed both keys in it
+    auth.homes.insert(b"moves".to_vec(), N);
+    home.on_epoch_change(at(2), &auth);
+    assert_eq!(drain(&mut home), vec![], "no handover");
+    assert_eq!(home.delegation(b"moves").map(|d| d.grantee), Some(g1), "still tracked");
+    assert_eq!(home.status(b"stays"), KeyStatus::Free { recovered: true, note_len: None });
+    // The key that stayed needs `home_active` again before it is granted.
+    auth.active = false;
+    home.handle_message(at(3), B, request(3, b"stays", 1, ms(500), ms(0), None), &auth);
+    assert_eq!(the_refusal(&mut home, B), (1, Refusal::Activating));
+    auth.active = true;
+    home.handle_message(at(4), B, request(3, b"stays", 2, ms(500), ms(0), None), &auth);
+    assert!(the_grant(&mut home, B).4);
+    // The moved key's delegation is dropped at its end.
+    home.handle_timeout(end_of(at(0), ms(500)), &auth);
+    assert_eq!(home.delegation(b"moves"), None);
+    assert_eq!(home.tracked_keys(), 1);
+}
+
+// ---- rule 8: grantees strictly increase ----
+
+#[test]
+fn grantees_increase_across_grants_runs_and_epochs() {
+    let mut auth = Script::new(H);
+    let mut seen = Vec::new();
+    let mut home = home();
+    for i in 0..3 {
+        let g = grant(&mut home, &auth, at(i * 10), A, b"k", i);
+        home.handle_message(at(i * 10 + 1), A, release(1, b"k", g, None), &auth);
+        seen.push(g);
+    }
+    // The home restarts: the counter starts over, the incarnation grows.
+    auth.incarnation = 2;
+    let start = at(100);
+    let mut home = Home::new(HomeConfig::new(H), start);
+    let after_quarantine = home.quarantine_end(&TIMING);
+    seen.push(grant(&mut home, &auth, after_quarantine, A, b"k", 10));
+    // The epoch changes with the key staying here.
+    auth.epoch = 2;
+    home.on_epoch_change(after_quarantine + ms(1), &auth);
+    home.handle_message(after_quarantine + ms(2), A, release(2, b"k", *seen.last().unwrap(), None), &auth);
+    home.handle_message(after_quarantine + ms(3), A, request(2, b"k", 11, ms(500), ms(0), None), &auth);
+    seen.push(the_grant(&mut home, A).1);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    assert_eq!(seen[3], Grantee { epoch: 1, incarnation: 2, counter: 1 });
+    assert_eq!(seen[4], Grantee { epoch: 2, incarnation: 2, counter: 2 });
+}
+
+// ---- timers ----
+
+#[test]
+fn no_timer_spin_over_a_long_scripted_run() {
+    let mut config = HomeConfig::new(H);
+    config.lock_delay = ms(30);
+    config.record_retention = ms(700);
+    let mut home = Home::new(config, Instant::ZERO);
+    let mut auth = Script::new(H);
+    let nodes = [A, B, C, N];
+    let mut t = at(0);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut grants: HashMap<Vec<u8>, (NodeId, Grantee)> = HashMap::new();
+    let mut wakeups = 0;
+    for step in 0..5_000u64 {
+        // Some traffic...
+        let r = next();
+        let key = vec![b'a' + (r % 5) as u8];
+        let from = nodes[(r >> 8) as usize % nodes.len()];
+        match (r >> 16) % 4 {
+            0 | 1 => {
+                let wait = ms((r >> 24) % 400);
+                let lease = ms(1 + (r >> 32) % 300);
+                home.handle_message(t, from, request(auth.epoch, &key, step, lease, wait, None), &auth);
+            }
+            2 => {
+                if let Some((holder, g)) = grants.get(&key) {
+                    home.handle_message(t, *holder, release(auth.epoch, &key, *g, None), &auth);
+                }
+            }
+            _ => {
+                if step % 1000 == 999 {
+                    auth.epoch += 1;
+                    auth.previous = Some(H);
+                    home.on_epoch_change(t, &auth);
+                }
+            }
+        }
+        for (to, body) in drain(&mut home) {
+            if let Body::Grant { key, grantee, .. } = body {
+                grants.insert(key, (to, grantee));
+            }
+        }
+        // ...then every timer due before the next message, each strictly later than the last.
+        let until = t + ms((next() % 50) + 1);
+        let mut last = None;
+        while let Some(w) = home.poll_timeout().filter(|&w| w <= until) {
+            assert!(last.is_none_or(|l| w > l), "timer did not advance: {w:?} after {last:?}");
+            let w = w.max(t);
+            home.handle_timeout(w, &auth);
+            assert!(home.poll_timeout().is_none_or(|n| n > w), "spin at {w:?}");
+            last = Some(w);
+            wakeups += 1;
+            assert!(wakeups < 200_000);
+            for (to, body) in drain(&mut home) {
+                if let Body::Grant { key, grantee, .. } = body {
+                    grants.insert(key, (to, grantee));
+                }
+            }
+        }
+        t = until;
+    }
+    // Quiet: everything ends.
+    while let Some(w) = home.poll_timeout() {
+        assert!(w >= t);
+        t = w;
+        home.handle_timeout(t, &auth);
+        assert!(home.poll_timeout().is_none_or(|n| n > t));
+        drain(&mut home);
+    }
+    assert_eq!((home.delegations(), home.tracked_keys(), home.keys_in_lock_delay()), (0, 0, 0));
+    assert!(wakeups > 1000, "the run exercised the timers: {wakeups}");
+}
+
+// ---- memory ----
+
+#[test]
+fn memory_per_live_delegation() {
+    const COUNT: usize = 100_000;
+    const KEY_LEN: usize = 16;
+    let auth = Script::new(H);
+    let mut home = home();
+    // Warm the output queue, so its (reused) buffer is not counted.
+    grant(&mut home, &auth, at(0), A, b"warm-up", u64::MAX);
+    let before = allocated();
+    let holders = [A, B, C, N];
+    for i in 0..COUNT {
+        let key = format!("{i:0KEY_LEN$}");
+        home.handle_message(at(1), holders[i % 4], req(key.as_bytes(), i as u64, ms(0)), &auth);
+        while home.poll_transmit().is_some() {}
+    }
+    let measured = (allocated() - before) as usize / COUNT;
+    let estimate = home.memory_estimate() / (COUNT + 1);
+    assert_eq!(home.delegations(), COUNT + 1);
+    eprintln!(
+        "per delegation: {measured} bytes measured, {estimate} estimated, entry {} bytes, key {KEY_LEN} bytes",
+        Home::ENTRY_BYTES
+    );
+    const { assert!(Home::ENTRY_BYTES <= 80) };
+    assert!(measured <= 200 + KEY_LEN, "{measured} bytes per delegation");
+    assert!(measured.abs_diff(estimate) <= 16, "estimate {estimate} vs measured {measured}");
+}

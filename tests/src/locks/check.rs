@@ -1,0 +1,355 @@
+//! Ghost state of every admission, grant and write, kept outside the nodes, and the invariants of
+//! the delegation layer held against simulated real time.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use keyhome_delegation::{FencingToken, Grantee, RevokeReason, TokenGuard};
+
+use crate::world::Real;
+
+/// Which invariant broke.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockKind {
+    /// An epoch invariant (fork, two homes, epoch floor, reused incarnation).
+    Epoch(crate::Kind),
+    /// Two admissions of one key overlapped in real time.
+    Overlap,
+    /// An admission's token was not above every earlier admission's token of its key.
+    TokenOrder,
+    /// The fenced resource accepted a token below one it had accepted before for the key.
+    FenceRegression,
+    /// A client used a handle after its deadline or after it ended.
+    UseAfterDeadline,
+    /// A home sent a grant without a home lease, without being active for the key (and not
+    /// adopted), or inside its restart quarantine.
+    BadGrant,
+    /// A clean handoff lost or changed its note, or a grant after an expiry was not `recovered`.
+    Handoff,
+    /// After healing, a lock whose wait allowed for lease, margin and round trips failed.
+    NoLiveness,
+}
+
+/// One broken invariant, at a simulated real instant.
+#[derive(Clone, Debug)]
+pub struct LockViolation {
+    pub at: Real,
+    pub kind: LockKind,
+    pub detail: String,
+}
+
+impl fmt::Display for LockViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?} at {:.6} s: {}", self.kind, self.at as f64 / 1e9, self.detail)
+    }
+}
+
+/// How an admission ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// Unlocked by its client, with this handoff note (a write id).
+    Unlock(Option<u64>),
+    /// Revoked by the holder after a recall's grace.
+    Recalled,
+    /// Revoked at its deadline; `deleg_gone` when the delegation expired with it.
+    Expired { deleg_gone: bool },
+    /// Its node crashed.
+    Crash,
+}
+
+/// One admission: from the real instant `lock` returned a handle to its end or its deadline.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    pub key: usize,
+    pub node: usize,
+    pub token: FencingToken,
+    pub start: Real,
+    /// The handle's deadline on its holder's clock, as real time.
+    pub deadline: Real,
+    pub end: Option<(Real, End)>,
+}
+
+impl Admission {
+    /// The real instant the admission stops counting, as known at `now`.
+    fn over_by(&self) -> Real {
+        self.end.map_or(self.deadline, |(at, _)| at.min(self.deadline))
+    }
+
+    fn grantee(&self) -> Grantee {
+        Grantee { epoch: self.token.epoch, incarnation: self.token.incarnation, counter: self.token.counter }
+    }
+}
+
+/// Counters a lock run reports.
+#[derive(Clone, Debug, Default)]
+pub struct LockStats {
+    pub events: u64,
+    /// Delegation messages between distinct nodes (self-addressed ones excluded).
+    pub deleg_messages: u64,
+    pub epoch_messages: u64,
+    pub lock_calls: u64,
+    /// Admissions, and how many of them came back at once from `lock` (no message).
+    pub admissions: u64,
+    pub immediate: u64,
+    pub lock_failures: u64,
+    pub grants: u64,
+    pub writes_accepted: u64,
+    /// Writes the fenced resource refused (stale tokens), and how many of those were late writes
+    /// of a paused client.
+    pub writes_refused: u64,
+    pub paused_writes_refused: u64,
+    pub pauses: u64,
+    /// First admissions of a new delegation carrying the predecessor's note, and flagged recovered.
+    pub notes_delivered: u64,
+    pub recovered: u64,
+    /// Delegations whose predecessor's handle was revoked after a recall, yet not flagged
+    /// `recovered` (the holder's release cannot say so; see the report).
+    pub revoked_not_recovered: u64,
+    /// Handoffs that lost the `recovered` flag or the note through a handed-back grant: the
+    /// known defect described at [`LockChecker`].
+    pub handback_lost: u64,
+    pub probes_ok: u64,
+}
+
+/// The fenced resource: every write with its token, guarded by a [`TokenGuard`].
+pub struct Resource {
+    guard: TokenGuard,
+    /// Highest token accepted per key, as seen from outside the guard.
+    accepted: HashMap<usize, FencingToken>,
+    pub log: Vec<(Real, usize, FencingToken, u64, bool)>,
+}
+
+/// The checker: ghost state outside the nodes, so crashes cannot erase it.
+///
+/// Known defect, tolerated unless `strict_handoff` is set: a holder hands a grant it will not
+/// use back with a `Release` carrying the grant's note (None for renewals), and the home takes
+/// every `Release` of its live delegation as a clean release. So (1) a grant flagged `recovered`
+/// that is handed back unused (too late to be useful, no longer wanted) loses the flag; (2) a
+/// renewal grant arriving after the holder released the delegation is handed back with an
+/// empty note that may overtake the real release; (3) a renewal grant arriving after the
+/// holder's delegation *expired* is handed back, and the home records a clean release of an
+/// expired delegation. Each time the next grant says `recovered: false` with no or the wrong
+/// note. Likewise (4) a delegation granted `recovered` and released before any admission
+/// (recalled, or idle) passes no flag on: the `Release` cannot say so. Counted in
+/// [`LockStats::handback_lost`].
+pub struct LockChecker {
+    /// Report the known hand-back defect as a violation.
+    pub strict_handoff: bool,
+    /// Per key: grants handed back by their holders, above the last admission's.
+    handed_back: Vec<Vec<Grantee>>,
+    /// Per key: grants sent flagged `recovered`, above the last admission's.
+    recovered_grants: Vec<Vec<Grantee>>,
+    /// Delegations their holders released (sent a `Release` for), by key, with whether a
+    /// release with a note and one without were sent.
+    released: HashMap<(usize, Grantee), (bool, bool)>,
+    pub admissions: Vec<Admission>,
+    /// Per key: admissions not known to be over, and the last admission.
+    open: Vec<Vec<usize>>,
+    last: Vec<Option<usize>>,
+    max_token: Vec<Option<FencingToken>>,
+    pub resource: Resource,
+    pub violations: Vec<LockViolation>,
+    pub stats: LockStats,
+}
+
+impl LockChecker {
+    pub fn new(keys: usize) -> LockChecker {
+        LockChecker {
+            strict_handoff: false,
+            handed_back: vec![Vec::new(); keys],
+            recovered_grants: vec![Vec::new(); keys],
+            released: HashMap::new(),
+            admissions: Vec::new(),
+            open: vec![Vec::new(); keys],
+            last: vec![None; keys],
+            max_token: vec![None; keys],
+            resource: Resource {
+                guard: TokenGuard::new(4 * keys),
+                accepted: HashMap::new(),
+                log: Vec::new(),
+            },
+            violations: Vec::new(),
+            stats: LockStats::default(),
+        }
+    }
+
+    pub fn violation(&mut self, at: Real, kind: LockKind, detail: String) {
+        self.violations.push(LockViolation { at, kind, detail });
+    }
+
+    /// A handle was returned at real time `at`: checks exclusivity, token order and the handoff.
+    /// Returns the admission's id.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admitted(
+        &mut self,
+        at: Real,
+        key: usize,
+        node: usize,
+        token: FencingToken,
+        deadline: Real,
+        note: Option<u64>,
+        recovered: bool,
+    ) -> usize {
+        self.stats.admissions += 1;
+        let id = self.admissions.len();
+        // 1. No overlap with any admission of the key not yet over.
+        let admissions = &self.admissions;
+        self.open[key].retain(|&a| admissions[a].over_by() > at);
+        if let Some(&other) = self.open[key].first() {
+            let o = &self.admissions[other];
+            let detail = format!(
+                "key k{key}: node {node} admitted {token} while node {} holds {} (admitted at {:.6}, deadline {:.6})",
+                o.node,
+                o.token,
+                o.start as f64 / 1e9,
+                o.deadline as f64 / 1e9
+            );
+            self.violation(at, LockKind::Overlap, detail);
+        }
+        // 2. Tokens strictly increase per key.
+        if let Some(max) = self.max_token[key]
+            && token <= max
+        {
+            self.violation(
+                at,
+                LockKind::TokenOrder,
+                format!("key k{key}: node {node} admitted {token} after {max}"),
+            );
+        }
+        self.max_token[key] = Some(self.max_token[key].map_or(token, |m| m.max(token)));
+        // 6. The handoff: the first admission of a new delegation carries the predecessor's note
+        // unless it is flagged recovered, and must be flagged after an expiry.
+        let grantee = Grantee { epoch: token.epoch, incarnation: token.incarnation, counter: token.counter };
+        let previous = self.last[key].map(|p| &self.admissions[p]);
+        if previous.is_none_or(|p| p.grantee() != grantee) {
+            // The predecessor's delegation ended by expiry if its holder never released it.
+            let expired = previous.is_some_and(|p| !self.released.contains_key(&(key, p.grantee())));
+            let (expected, unclean, revoked) = match previous.map(|p| p.end) {
+                None => (None, false, false),
+                Some(Some((_, End::Unlock(n)))) => (n, expired, false),
+                Some(Some((_, End::Recalled | End::Expired { .. }))) => (None, expired, !expired),
+                Some(Some((_, End::Crash))) | Some(None) => (None, expired, false),
+            };
+            // The known defect: a grant handed back since (or for) the predecessor's delegation.
+            let handed_back = self.handed_back[key]
+                .iter()
+                .any(|g| *g < grantee && previous.is_none_or(|p| *g >= p.grantee()))
+                || self.recovered_grants[key]
+                    .iter()
+                    .any(|g| *g < grantee && previous.is_none_or(|p| *g > p.grantee()));
+            if recovered {
+                self.stats.recovered += 1;
+            } else if handed_back && !self.strict_handoff && (unclean || note != expected) {
+                self.stats.handback_lost += 1;
+            } else if unclean {
+                let p = previous.expect("unclean needs a predecessor");
+                let detail = format!(
+                    "key k{key}: node {node} admitted {token} not flagged recovered after {} on node {} ended {:?}",
+                    p.token, p.node, p.end
+                );
+                self.violation(at, LockKind::Handoff, detail);
+            } else if note != expected {
+                let detail = format!(
+                    "key k{key}: node {node} admitted {token} with note {note:?}, expected {expected:?}"
+                );
+                self.violation(at, LockKind::Handoff, detail);
+            } else {
+                if note.is_some() {
+                    self.stats.notes_delivered += 1;
+                }
+                if revoked {
+                    self.stats.revoked_not_recovered += 1;
+                }
+            }
+        }
+        self.handed_back[key].retain(|g| *g > grantee);
+        self.recovered_grants[key].retain(|g| *g > grantee);
+        self.admissions.push(Admission { key, node, token, start: at, deadline, end: None });
+        self.open[key].push(id);
+        self.last[key] = Some(id);
+        id
+    }
+
+    /// A home sent a grant of `key` to `grantee`.
+    pub fn granted(&mut self, key: usize, grantee: Grantee, recovered: bool) {
+        if recovered && !self.recovered_grants[key].contains(&grantee) {
+            self.recovered_grants[key].push(grantee);
+        }
+    }
+
+    /// A holder handed back the grant `grantee` of `key` (a `Release` sent while handling a
+    /// `Grant`: too late, stray, duplicated or no longer wanted).
+    pub fn handed_back(&mut self, key: usize, grantee: Grantee) {
+        if !self.handed_back[key].contains(&grantee) {
+            self.handed_back[key].push(grantee);
+        }
+    }
+
+    /// A holder sent a `Release` of `key`'s delegation `grantee`.
+    pub fn released(&mut self, key: usize, grantee: Grantee, with_note: bool) {
+        let r = self.released.entry((key, grantee)).or_default();
+        if with_note {
+            r.0 = true;
+        } else {
+            r.1 = true;
+        }
+    }
+
+    /// Admission `id` ended at `at` (the first end counts).
+    pub fn ended(&mut self, at: Real, id: usize, how: End) {
+        let a = &mut self.admissions[id];
+        if a.end.is_none() {
+            a.end = Some((at, how));
+        }
+    }
+
+    /// Checker 4: a client is about to use admission `id` at `at`.
+    pub fn used(&mut self, at: Real, id: usize) {
+        let a = &self.admissions[id];
+        if a.end.is_some_and(|(end, _)| end <= at) || at >= a.deadline {
+            let detail = format!(
+                "node {} used {} at {:.6} after its end {:?}",
+                a.node,
+                a.token,
+                at as f64 / 1e9,
+                a.end
+            );
+            self.violation(at, LockKind::UseAfterDeadline, detail);
+        }
+    }
+
+    /// Checker 3: a write with `token` reached the fenced resource. Returns whether it was accepted.
+    pub fn write(&mut self, at: Real, key: usize, token: FencingToken, write_id: u64, late: bool) -> bool {
+        let name = format!("k{key}");
+        let ok = self.resource.guard.admit(name.as_bytes(), token).is_ok();
+        self.resource.log.push((at, key, token, write_id, ok));
+        if ok {
+            self.stats.writes_accepted += 1;
+            if let Some(&high) = self.resource.accepted.get(&key)
+                && token < high
+            {
+                self.violation(
+                    at,
+                    LockKind::FenceRegression,
+                    format!("key {name}: accepted {token} after {high}"),
+                );
+            }
+            let high = self.resource.accepted.entry(key).or_insert(token);
+            *high = (*high).max(token);
+        } else {
+            self.stats.writes_refused += 1;
+            if late {
+                self.stats.paused_writes_refused += 1;
+            }
+        }
+        ok
+    }
+}
+
+/// How an admission revoked for `reason` ended.
+pub fn revoked(reason: RevokeReason, deleg_gone: bool) -> End {
+    match reason {
+        RevokeReason::Recalled => End::Recalled,
+        RevokeReason::Expired => End::Expired { deleg_gone },
+    }
+}

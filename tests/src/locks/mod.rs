@@ -1,0 +1,117 @@
+//! Whole-cluster simulation with delegations under a client workload.
+//!
+//! Each node runs its epoch core, its home and its holder together ([`world`]); clients on every
+//! node lock random keys (uniform plus a Zipf-hot set), hold them, write to a fenced resource and
+//! unlock with a handoff note; processes crash, restart and pause past their deadlines. The
+//! [`check::LockChecker`] holds the delegation invariants against simulated real time, next to
+//! the epoch harness's own checker.
+//!
+//! ```text
+//! cargo run --release -p keyhome-sim -- --locks --seeds 2000
+//! cargo run --release -p keyhome-sim -- --locks --seed 17 --trace
+//! cargo run --release -p keyhome-sim -- --locks --seeds 500 --lock-bug no-quarantine
+//! ```
+
+use std::ops::Range;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+pub mod check;
+pub mod scenario;
+pub mod world;
+
+pub use check::{LockKind, LockStats, LockViolation};
+pub use scenario::LockScenario;
+pub use world::LockWorld;
+
+/// Choices the caller may fix instead of the seed.
+#[derive(Clone, Debug, Default)]
+pub struct LockOptions {
+    /// Number of genesis members (3 to 5 when not fixed); two spare nodes are added.
+    pub members: Option<usize>,
+    /// Epoch safety rules to switch off.
+    pub epoch_bugs: keyhome_epoch::Bugs,
+    /// Delegation safety rules to switch off.
+    pub bugs: keyhome_delegation::Bugs,
+    /// Print every event.
+    pub trace: bool,
+    /// More faults, pauses and clients, every clock at an end of the rate bound: what the
+    /// injected-bug tests use.
+    pub hostile: bool,
+    /// Report the known hand-back defect (see [`check::LockChecker`]) as a violation.
+    pub strict_handoff: bool,
+}
+
+/// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
+pub const LOCK_BUG_NAMES: [&str; 6] = [
+    "deadline-from-receipt",
+    "no-rate-margin",
+    "release-before-revoke",
+    "no-quarantine",
+    "ignore-activation",
+    "incarnation",
+];
+
+/// Options with the rule named `name` (one of [`LOCK_BUG_NAMES`]) switched off.
+pub fn lock_bug(name: &str, mut options: LockOptions) -> Option<LockOptions> {
+    match name {
+        "deadline-from-receipt" => options.bugs.deadline_from_receipt = true,
+        "no-rate-margin" => options.bugs.no_rate_margin = true,
+        "release-before-revoke" => options.bugs.release_before_revoke = true,
+        "no-quarantine" => options.bugs.no_quarantine = true,
+        "ignore-activation" => options.bugs.ignore_activation = true,
+        "incarnation" => options.epoch_bugs.volatile_incarnation = true,
+        _ => return None,
+    }
+    Some(options)
+}
+
+/// The outcome of one lock seed.
+#[derive(Debug)]
+pub struct LockReport {
+    pub seed: u64,
+    pub violations: Vec<LockViolation>,
+    pub stats: LockStats,
+}
+
+/// Runs one seed to its end.
+pub fn run_lock_seed(seed: u64, options: &LockOptions) -> LockReport {
+    let mut world = LockWorld::new(seed, LockScenario::generate(seed, options));
+    world.checker.strict_handoff = options.strict_handoff;
+    world.run();
+    let checker = &mut world.checker;
+    LockReport { seed, violations: std::mem::take(&mut checker.violations), stats: checker.stats.clone() }
+}
+
+/// Runs `seeds` on `threads` workers; reports sorted by seed. With `stop_at_first`, workers stop
+/// taking new seeds once one has failed.
+pub fn run_lock_seeds(
+    seeds: Range<u64>,
+    options: &LockOptions,
+    threads: usize,
+    stop_at_first: bool,
+) -> Vec<LockReport> {
+    let next = AtomicU64::new(seeds.start);
+    let failed = AtomicBool::new(false);
+    let reports = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, 64) {
+            s.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= seeds.end || (stop_at_first && failed.load(Ordering::Relaxed)) {
+                        break;
+                    }
+                    let report = run_lock_seed(seed, options);
+                    if !report.violations.is_empty() {
+                        failed.store(true, Ordering::Relaxed);
+                    }
+                    reports.lock().unwrap_or_else(|e| e.into_inner()).push(report);
+                }
+            });
+        }
+    });
+    let mut reports = reports.into_inner().unwrap_or_else(|e| e.into_inner());
+    reports.sort_by_key(|r| r.seed);
+    reports
+}

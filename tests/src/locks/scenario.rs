@@ -1,0 +1,223 @@
+//! A lock scenario: the epoch harness's cluster, network and faults (on a shorter schedule), plus
+//! holder pauses, the client workload and the delegation settings, all drawn from one seed.
+
+use std::time::Duration;
+
+use keyhome_epoch::{EpochRecord, Member, Timing};
+use keyhome_ring::NodeId;
+
+use crate::rng::Rng;
+use crate::scenario::{Fault, Scenario};
+use crate::world::{Real, nanos};
+
+use super::LockOptions;
+
+/// Simulated time with faults, before healing.
+pub const CHAOS: Duration = Duration::from_millis(1500);
+/// After healing: clients stop starting locks this long after the heal...
+pub const QUIET_AFTER_HEAL: Duration = Duration::from_millis(500);
+/// ...and the liveness probes run this long after the heal.
+pub const PROBE_AFTER_HEAL: Duration = Duration::from_millis(1500);
+
+const HOME_LEASES: [Duration; 2] = [Duration::from_millis(200), Duration::from_millis(300)];
+const DELEGATION_LEASES: [Duration; 3] =
+    [Duration::from_millis(20), Duration::from_millis(50), Duration::from_millis(100)];
+
+/// The holder settings of every node in a run.
+#[derive(Clone, Debug)]
+pub struct HolderParams {
+    pub grace: Duration,
+    pub idle_release: Duration,
+    pub min_useful: Duration,
+    pub retry: Duration,
+    pub resend: Duration,
+}
+
+/// Everything one seeded lock run does.
+#[derive(Clone, Debug)]
+pub struct LockScenario {
+    /// The epoch part: cluster, timing, network, disks, crashes, partitions, operator changes.
+    pub base: Scenario,
+    pub bugs: keyhome_delegation::Bugs,
+    /// Holder pauses: `(at, node, duration)`; the process handles nothing meanwhile.
+    pub pauses: Vec<(Real, usize, Real)>,
+    /// Clients per node.
+    pub clients: usize,
+    /// The first `hot` keys of `base.keys` form the Zipf-hot set.
+    pub hot: usize,
+    /// Share of lock calls that pick from the hot set.
+    pub hot_share: f64,
+    pub holder: HolderParams,
+    /// Latency from a client's deadline check to its write reaching the resource.
+    pub write_delay: (Real, Real),
+    pub heal_at: Real,
+    pub quiet_at: Real,
+    /// When the liveness probes start; `None` for scripted runs.
+    pub probe_at: Option<Real>,
+    /// Whether clients run the random workload (scripted runs drive locks themselves).
+    pub workload: bool,
+    /// Every clock runs at one end of the rate bound (hostile runs): margins are then exact.
+    pub extreme_clocks: bool,
+}
+
+fn ms(n: u64) -> Real {
+    n * 1_000_000
+}
+
+impl LockScenario {
+    pub fn generate(seed: u64, options: &LockOptions) -> LockScenario {
+        let mut rng = Rng::new(seed ^ 0x10c5_5eed);
+        let members = options.members.unwrap_or_else(|| rng.range(3, 5) as usize);
+        let nodes = members + 2;
+        let lease = DELEGATION_LEASES[rng.range(0, 2) as usize];
+        let timing = Timing {
+            home_lease: HOME_LEASES[rng.range(0, 1) as usize],
+            max_delegation_lease: lease,
+            clock_rate_ppm: 10_000,
+        };
+        let genesis = genesis(members, timing);
+        let chaos = nanos(CHAOS);
+        let mut faults = Vec::new();
+        let mut proposal_times = Vec::new();
+        let changes = if options.hostile { rng.range(3, 6) } else { rng.range(1, 4) };
+        for _ in 0..changes {
+            let at = rng.range(ms(100), chaos - ms(100));
+            let node = rng.range(0, nodes as u64 - 1) as usize;
+            faults.push(Fault::Propose { at, node });
+            proposal_times.push(at);
+        }
+        for node in 0..nodes {
+            if rng.chance(if options.hostile { 0.6 } else { 0.35 }) {
+                let (at, down) = match rng.pick(&proposal_times) {
+                    Some(t) if rng.chance(0.3) => (t + rng.range(0, ms(10)), rng.range(ms(1), ms(60))),
+                    _ => (rng.range(0, chaos), rng.range(ms(5), ms(500))),
+                };
+                faults.push(Fault::Crash { at, node });
+                if at + down < chaos {
+                    faults.push(Fault::Restart { at: at + down, node });
+                }
+            }
+        }
+        for _ in 0..rng.range(0, 2) {
+            let at = match rng.pick(&proposal_times) {
+                Some(t) if rng.chance(0.5) => t + rng.range(0, ms(20)),
+                _ => rng.range(0, chaos),
+            };
+            let mut side: Vec<bool> = (0..nodes).map(|_| rng.chance(0.5)).collect();
+            if side.iter().all(|&s| s) || side.iter().all(|&s| !s) {
+                side[0] = !side[0];
+            }
+            faults.push(Fault::Partition { at, side, one_way: rng.chance(0.3) });
+            faults.push(Fault::HealPartition { at: (at + rng.range(ms(30), ms(600))).min(chaos) });
+        }
+        faults.push(Fault::Heal { at: chaos });
+
+        // Pauses: longer than the delegation's deadlines (and sometimes the home lease).
+        let lease_ns = nanos(lease);
+        let mut pauses = Vec::new();
+        let count = if options.hostile { rng.range(2, 4) } else { rng.range(0, 2) };
+        for _ in 0..count {
+            let node = rng.range(0, nodes as u64 - 1) as usize;
+            let at = rng.range(ms(50), chaos - ms(50));
+            let long = rng.range(lease_ns + lease_ns / 2, 4 * lease_ns + ms(50));
+            pauses.push((at, node, long.min(chaos - at)));
+        }
+
+        let keys = 12;
+        let base = Scenario {
+            seed,
+            nodes,
+            genesis,
+            round_timeout: Duration::from_millis(40),
+            net_delay: (100_000, ms(2)),
+            reorder: 0.02,
+            loss: rng.range(0, 50) as f64 / 1000.0,
+            duplication: rng.range(0, 30) as f64 / 1000.0,
+            lose_chosen: if options.hostile { 0.5 } else { [0.0, 0.3][rng.range(0, 1) as usize] },
+            crash_after_vote: if options.hostile { 0.1 } else { [0.0, 0.05][rng.range(0, 1) as usize] },
+            disk_latency: (50_000, ms(1)),
+            faults,
+            end: chaos + nanos(PROBE_AFTER_HEAL) + ms(1200),
+            bugs: options.epoch_bugs,
+            trace: options.trace,
+            keys: (0..keys).map(|i| format!("k{i}").into_bytes()).collect(),
+        };
+        LockScenario {
+            base,
+            bugs: options.bugs,
+            pauses,
+            clients: if options.hostile { 3 } else { 2 },
+            hot: 3,
+            hot_share: 0.5,
+            holder: HolderParams {
+                grace: Duration::from_nanos(rng.range(lease_ns / 4, 2 * lease_ns)),
+                idle_release: Duration::from_nanos(rng.range(ms(5), 4 * lease_ns)),
+                min_useful: lease / 10,
+                retry: Duration::from_millis(5),
+                resend: Duration::from_millis(20),
+            },
+            write_delay: (50_000, ms(1)),
+            heal_at: chaos,
+            quiet_at: chaos + nanos(QUIET_AFTER_HEAL),
+            probe_at: Some(chaos + nanos(PROBE_AFTER_HEAL)),
+            workload: true,
+            extreme_clocks: options.hostile,
+        }
+    }
+
+    /// A fault-free run of `members` nodes (no spares) with fixed timing, for scripted tests:
+    /// no loss, duplication, reordering, crash, pause or operator change, and no random workload.
+    pub fn quiet(seed: u64, members: usize, lease: Duration) -> LockScenario {
+        let timing = Timing {
+            home_lease: Duration::from_millis(300),
+            max_delegation_lease: lease,
+            clock_rate_ppm: 10_000,
+        };
+        let base = Scenario {
+            seed,
+            nodes: members,
+            genesis: genesis(members, timing),
+            round_timeout: Duration::from_millis(40),
+            net_delay: (500_000, 1_000_000),
+            reorder: 0.0,
+            loss: 0.0,
+            duplication: 0.0,
+            lose_chosen: 0.0,
+            crash_after_vote: 0.0,
+            disk_latency: (50_000, ms(1)),
+            faults: Vec::new(),
+            end: u64::MAX / 4,
+            bugs: Default::default(),
+            trace: false,
+            keys: (0..12).map(|i| format!("k{i}").into_bytes()).collect(),
+        };
+        LockScenario {
+            base,
+            bugs: Default::default(),
+            pauses: Vec::new(),
+            clients: 1,
+            hot: 0,
+            hot_share: 0.0,
+            holder: HolderParams {
+                grace: lease,
+                idle_release: lease * 4,
+                min_useful: lease / 10,
+                retry: Duration::from_millis(5),
+                resend: Duration::from_millis(20),
+            },
+            write_delay: (50_000, ms(1)),
+            heal_at: 0,
+            quiet_at: 0,
+            probe_at: None,
+            workload: false,
+            extreme_clocks: false,
+        }
+    }
+}
+
+fn genesis(members: usize, timing: Timing) -> EpochRecord {
+    let genesis_members = (1..=members as u64)
+        .map(|id| Member { id: NodeId(id), addr: format!("127.0.0.1:{}", 7000 + id) })
+        .collect();
+    EpochRecord::genesis(genesis_members, timing).expect("the simulation's genesis is valid")
+}

@@ -1,0 +1,1072 @@
+//! The lock world: every node runs its epoch core, its [`Home`] and its [`Holder`] on one clock,
+//! one disk and one network, under a seeded client workload, holder pauses and every fault of the
+//! epoch harness.
+//!
+//! The epoch core is driven exactly as in [`crate::world`] (the `Ready` contract, disk order,
+//! crash losing unsynced writes and gated messages). On top of it: `Event::Learned` is passed to
+//! [`Home::on_epoch_change`]; delegation messages go to the home or the holder by variant; the
+//! [`Authority`](keyhome_delegation::Authority) of both is the node's `EpochNode`. One timer per
+//! node covers all three machines. A crash loses the home and the holder (volatile); a restart
+//! builds new ones, so the home's restart quarantine applies. A pause freezes the whole process:
+//! nothing is delivered to it, its timers and clients do not run, and writes its clients had
+//! checked just before reach the resource only after it resumes.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::time::Duration;
+
+use keyhome_delegation::{
+    Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
+    LockError, LockOutcome, Message as DMessage, Ticket,
+};
+use keyhome_epoch::time::rate_margin;
+use keyhome_epoch::{
+    Body, Change, Config, Durable, EpochNode, EpochRecord, Event, Instant, Message, Transmit, Write,
+};
+use keyhome_ring::NodeId;
+
+use crate::check::Checker;
+use crate::clock::Clock;
+use crate::rng::Rng;
+use crate::scenario::Fault;
+use crate::world::{Real, nanos};
+
+use super::check::{End, LockChecker, LockKind, revoked};
+use super::scenario::LockScenario;
+
+/// What crosses the simulated network.
+#[derive(Clone, Debug)]
+enum Wire {
+    Epoch(Message),
+    Deleg(DMessage),
+}
+
+struct Scheduled {
+    at: Real,
+    seq: u64,
+    ev: Box<Ev>,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.seq).cmp(&(other.at, other.seq))
+    }
+}
+
+#[derive(Debug)]
+enum Ev {
+    Deliver {
+        from: usize,
+        to: usize,
+        wire: Wire,
+    },
+    Timer {
+        node: usize,
+        generation: u64,
+    },
+    Sync {
+        node: usize,
+        run: u64,
+    },
+    Fault(Fault),
+    Pause {
+        node: usize,
+        length: Real,
+    },
+    /// A client's next step; stale unless `generation` matches.
+    Client {
+        node: usize,
+        client: usize,
+        generation: u64,
+    },
+    /// A write that passed its client's deadline check reaches the resource.
+    Write {
+        node: usize,
+        key: usize,
+        token: FencingToken,
+        write_id: u64,
+        late: bool,
+    },
+    Probe,
+}
+
+/// What a client is doing.
+#[derive(Clone, Debug)]
+enum CState {
+    Idle,
+    Waiting { ticket: Ticket, key: usize },
+    Holding { handle: Handle, key: usize, admission: usize, writes_left: u32, step: Real, last_write: u64 },
+}
+
+#[derive(Clone, Debug)]
+struct Client {
+    state: CState,
+    generation: u64,
+    /// A liveness probe: locks once, must succeed.
+    probe: bool,
+}
+
+struct Slot {
+    id: NodeId,
+    clock: Clock,
+    durable: Durable,
+    core: Option<EpochNode>,
+    home: Option<Home>,
+    holder: Option<Holder>,
+    /// Home start instant (home clock), for the ghost quarantine.
+    home_started: Instant,
+    run: u64,
+    disk: VecDeque<(u64, Vec<Write>, Vec<Transmit>)>,
+    timer_generation: u64,
+    /// Frozen until this real instant.
+    paused_until: Real,
+    clients: Vec<Client>,
+}
+
+/// A whole simulated cluster with delegations under one lock scenario.
+pub struct LockWorld {
+    now: Real,
+    seq: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    slots: Vec<Slot>,
+    rng: Rng,
+    pub scenario: LockScenario,
+    blocked: Vec<Vec<bool>>,
+    loss: f64,
+    duplication: f64,
+    lose_chosen: f64,
+    crash_after_vote: f64,
+    reorder: f64,
+    /// Epoch invariants (fork, two homes, floor), shared with the epoch harness.
+    pub epoch_checker: Checker,
+    pub checker: LockChecker,
+    next_write: u64,
+    /// Locks a scripted run asked for, by `(node, client)`: the handle once admitted.
+    script_results: Vec<(usize, usize, Option<Handle>)>,
+    /// Live admissions by node and handle, so every revocation reaches the ghost state.
+    handles: std::collections::HashMap<(usize, HandleId), usize>,
+    /// Set while a node handles a `Grant`: a `Release` it sends then hands the grant back.
+    handling_grant: bool,
+}
+
+impl LockWorld {
+    pub fn new(seed: u64, scenario: LockScenario) -> LockWorld {
+        let mut rng = Rng::new(seed);
+        let genesis = scenario.base.genesis.clone();
+        let bound = i64::from(genesis.timing.clock_rate_ppm);
+        let n = scenario.base.nodes;
+        let clients = scenario.clients;
+        let extreme = scenario.extreme_clocks;
+        let slots = (0..n)
+            .map(|i| Slot {
+                id: NodeId(i as u64 + 1),
+                clock: Clock::new(
+                    rng.range(0, 1 << 50),
+                    if extreme {
+                        if rng.chance(0.5) { bound } else { -bound }
+                    } else {
+                        rng.range(0, 2 * bound as u64) as i64 - bound
+                    },
+                ),
+                durable: Durable::genesis(genesis.clone()),
+                core: None,
+                home: None,
+                holder: None,
+                home_started: Instant::ZERO,
+                run: 0,
+                disk: VecDeque::new(),
+                timer_generation: 0,
+                paused_until: 0,
+                clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
+            })
+            .collect();
+        let base = &scenario.base;
+        let mut world = LockWorld {
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            slots,
+            loss: base.loss,
+            duplication: base.duplication,
+            lose_chosen: base.lose_chosen,
+            crash_after_vote: base.crash_after_vote,
+            reorder: base.reorder,
+            blocked: vec![vec![false; n]; n],
+            epoch_checker: Checker::new(n, base),
+            checker: LockChecker::new(base.keys.len()),
+            rng,
+            next_write: 0,
+            script_results: Vec::new(),
+            handles: std::collections::HashMap::new(),
+            handling_grant: false,
+            scenario,
+        };
+        for fault in world.scenario.base.faults.clone() {
+            world.schedule(fault.at(), Ev::Fault(fault));
+        }
+        for (at, node, length) in world.scenario.pauses.clone() {
+            world.schedule(at, Ev::Pause { node, length });
+        }
+        if let Some(at) = world.scenario.probe_at {
+            world.schedule(at, Ev::Probe);
+        }
+        for i in 0..n {
+            world.start(i);
+        }
+        if world.scenario.workload {
+            for i in 0..n {
+                for c in 0..clients {
+                    let at = world.rng.range(0, 20_000_000);
+                    world.schedule(at, Ev::Client { node: i, client: c, generation: 0 });
+                }
+            }
+        }
+        world
+    }
+
+    /// Simulated real time now.
+    pub fn now(&self) -> Real {
+        self.now
+    }
+
+    /// Runs the scenario to its end and checks the probes.
+    pub fn run(&mut self) {
+        let end = self.scenario.base.end;
+        self.run_until(end);
+        if self.scenario.probe_at.is_some() {
+            self.check_probes_at_end();
+        }
+    }
+
+    /// Runs every event up to real time `end` (or the first violation).
+    pub fn run_until(&mut self, end: Real) {
+        while let Some(Reverse(top)) = self.queue.peek() {
+            if top.at > end {
+                break;
+            }
+            let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() else { break };
+            self.now = at;
+            self.checker.stats.events += 1;
+            if self.scenario.base.trace {
+                println!("{:>12.6} {ev:?}", at as f64 / 1e9);
+            }
+            self.dispatch(*ev);
+            if !self.checker.violations.is_empty() || !self.epoch_checker.violations.is_empty() {
+                self.take_epoch_violations();
+                return;
+            }
+        }
+        self.now = self.now.max(end);
+    }
+
+    fn take_epoch_violations(&mut self) {
+        for v in std::mem::take(&mut self.epoch_checker.violations) {
+            self.checker.violation(v.at, LockKind::Epoch(v.kind), v.detail);
+        }
+    }
+
+    fn schedule(&mut self, at: Real, ev: Ev) {
+        self.seq += 1;
+        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Box::new(ev) }));
+    }
+
+    fn local(&self, i: usize) -> Instant {
+        self.slots[i].clock.local(self.now)
+    }
+
+    fn index(&self, id: NodeId) -> Option<usize> {
+        let i = usize::try_from(id.0).ok()?.checked_sub(1)?;
+        (i < self.slots.len()).then_some(i)
+    }
+
+    /// Whether node `i`'s process is frozen now; if so, `ev` is put back for when it resumes.
+    fn deferred(&mut self, i: usize, ev: Ev) -> Option<Ev> {
+        let until = self.slots[i].paused_until;
+        if self.now < until {
+            self.schedule(until, ev);
+            return None;
+        }
+        Some(ev)
+    }
+
+    fn dispatch(&mut self, ev: Ev) {
+        let node = match &ev {
+            Ev::Deliver { to, .. } => Some(*to),
+            Ev::Timer { node, .. } | Ev::Sync { node, .. } | Ev::Client { node, .. } => Some(*node),
+            _ => None,
+        };
+        let ev = match node {
+            Some(i) => match self.deferred(i, ev) {
+                Some(ev) => ev,
+                None => return,
+            },
+            None => ev,
+        };
+        match ev {
+            Ev::Deliver { from, to, wire } => {
+                if self.blocked[from][to] {
+                    return;
+                }
+                let now = self.local(to);
+                let from_id = self.slots[from].id;
+                let slot = &mut self.slots[to];
+                let Some(core) = slot.core.as_mut() else { return };
+                match wire {
+                    Wire::Epoch(message) => core.handle_message(now, from_id, message),
+                    Wire::Deleg(message) => match message.body {
+                        DBody::Request { .. }
+                        | DBody::Release { .. }
+                        | DBody::Check { .. }
+                        | DBody::Handover { .. }
+                        | DBody::HandoverAck { .. } => {
+                            if let Some(home) = slot.home.as_mut() {
+                                home.handle_message(now, from_id, message, &*core);
+                            }
+                        }
+                        DBody::Grant { .. }
+                        | DBody::Refuse { .. }
+                        | DBody::Recall { .. }
+                        | DBody::CheckReply { .. } => {
+                            self.handling_grant = matches!(message.body, DBody::Grant { .. });
+                            if let Some(holder) = slot.holder.as_mut() {
+                                holder.handle_message(now, from_id, message, &*core);
+                            }
+                        }
+                    },
+                }
+                self.pump(to, false);
+                self.handling_grant = false;
+            }
+            Ev::Timer { node, generation } => {
+                if self.slots[node].timer_generation != generation {
+                    return;
+                }
+                let now = self.local(node);
+                let slot = &mut self.slots[node];
+                let Some(core) = slot.core.as_mut() else { return };
+                let core_due = core.poll_timeout().is_some_and(|t| t <= now);
+                if core_due {
+                    core.handle_timeout(now);
+                }
+                if let Some(home) = slot.home.as_mut()
+                    && home.poll_timeout().is_some_and(|t| t <= now)
+                {
+                    home.handle_timeout(now, &*core);
+                }
+                if let Some(holder) = slot.holder.as_mut()
+                    && holder.poll_timeout().is_some_and(|t| t <= now)
+                {
+                    holder.handle_timeout(now, &*core);
+                }
+                self.pump(node, core_due);
+            }
+            Ev::Sync { node, run } => self.sync(node, run),
+            Ev::Fault(fault) => self.apply_fault(fault),
+            Ev::Pause { node, length } => {
+                if self.slots[node].core.is_some() && self.now >= self.slots[node].paused_until {
+                    self.slots[node].paused_until = self.now + length;
+                    self.checker.stats.pauses += 1;
+                }
+            }
+            Ev::Client { node, client, generation } => {
+                if self.slots[node].clients[client].generation == generation {
+                    self.client_step(node, client);
+                }
+            }
+            Ev::Write { node, key, token, write_id, late } => {
+                let until = self.slots[node].paused_until;
+                if self.now < until {
+                    // The write was checked just before the pause: it lands after the resume.
+                    let delay = self.rng.range(self.scenario.write_delay.0, self.scenario.write_delay.1);
+                    self.schedule(until + delay, Ev::Write { node, key, token, write_id, late: true });
+                    return;
+                }
+                self.checker.write(self.now, key, token, write_id, late);
+            }
+            Ev::Probe => self.start_probes(),
+        }
+    }
+
+    // ---- processes ----
+
+    fn start(&mut self, i: usize) {
+        let now = self.local(i);
+        let scenario = &self.scenario;
+        let slot = &mut self.slots[i];
+        slot.run += 1;
+        let mut config = Config::new(slot.id, scenario.base.seed ^ (slot.id.0 << 32) ^ slot.run);
+        config.round_timeout = scenario.base.round_timeout;
+        config.catch_up_interval = scenario.base.round_timeout;
+        config.bugs = scenario.base.bugs;
+        let core = EpochNode::start(config, slot.durable.clone(), now);
+        let mut home_config = HomeConfig::new(slot.id);
+        home_config.bugs = scenario.bugs;
+        let mut holder_config = HolderConfig::new(slot.id);
+        let p = &scenario.holder;
+        holder_config.grace = p.grace;
+        holder_config.idle_release = p.idle_release;
+        holder_config.min_useful = p.min_useful;
+        holder_config.retry = p.retry;
+        holder_config.resend = p.resend;
+        holder_config.bugs = scenario.bugs;
+        slot.core = Some(core);
+        slot.home = Some(Home::new(home_config, now));
+        slot.home_started = now;
+        slot.holder = Some(Holder::new(holder_config, now));
+        slot.paused_until = 0;
+        self.pump(i, false);
+    }
+
+    fn crash(&mut self, i: usize) {
+        let slot = &mut self.slots[i];
+        if slot.core.take().is_none() {
+            return;
+        }
+        slot.home = None;
+        slot.holder = None;
+        slot.disk.clear();
+        slot.timer_generation += 1;
+        slot.paused_until = 0;
+        let now = self.now;
+        let lost: Vec<usize> =
+            self.handles.iter().filter(|((n, _), _)| *n == i).map(|(_, &admission)| admission).collect();
+        for admission in lost {
+            self.checker.ended(now, admission, End::Crash);
+        }
+        self.handles.retain(|(n, _), _| *n != i);
+        for c in 0..self.slots[i].clients.len() {
+            let client = &mut self.slots[i].clients[c];
+            client.state = CState::Idle;
+            client.generation += 1;
+            let generation = client.generation;
+            if self.scenario.workload && !client.probe {
+                let at = now + self.rng.range(1_000_000, 20_000_000);
+                self.schedule(at, Ev::Client { node: i, client: c, generation });
+            }
+        }
+    }
+
+    /// Drains everything node `i`'s three machines produced, feeds holder events to clients,
+    /// re-arms the node's timer and runs the epoch checks.
+    fn pump(&mut self, i: usize, core_timer: bool) {
+        loop {
+            let now = self.local(i);
+            let slot = &mut self.slots[i];
+            let Some(core) = slot.core.as_mut() else { return };
+            let mut sends = Vec::new();
+            let mut to_disk = Vec::new();
+            while let Some(ready) = core.ready() {
+                sends.extend(ready.messages.iter().cloned());
+                if ready.needs_advance() {
+                    to_disk.push((ready.number, ready.writes, ready.persisted_messages));
+                }
+            }
+            let mut learned = false;
+            while let Some(event) = core.poll_event() {
+                learned |= matches!(event, Event::Learned { .. });
+            }
+            let core = slot.core.as_ref().expect("present");
+            if learned && let Some(home) = slot.home.as_mut() {
+                home.on_epoch_change(now, core);
+            }
+            let mut deleg = Vec::new();
+            if let Some(home) = slot.home.as_mut() {
+                while let Some(t) = home.poll_transmit() {
+                    deleg.push((true, t));
+                }
+            }
+            if let Some(holder) = slot.holder.as_mut() {
+                while let Some(t) = holder.poll_transmit() {
+                    deleg.push((false, t));
+                }
+            }
+            if deleg.len() > 1 {
+                // The home walks hash maps (randomly seeded per process) on epoch changes: put
+                // its output in a fixed order so a seed replays exactly.
+                deleg.sort_by_cached_key(|(home, (to, m))| (*home, *to, format!("{:?}", m.body)));
+            }
+            let mut events = Vec::new();
+            if let Some(holder) = slot.holder.as_mut() {
+                while let Some(e) = holder.poll_event() {
+                    events.push(e);
+                }
+            }
+            let idle = slot.disk.is_empty();
+            slot.disk.extend(to_disk);
+            let start_sync = idle && !slot.disk.is_empty();
+            for t in sends {
+                self.send_epoch(i, t);
+            }
+            if start_sync {
+                self.schedule_sync(i);
+            }
+            for (from_home, (to, message)) in deleg {
+                if from_home && let DBody::Grant { key, grantee, recovered, .. } = &message.body {
+                    self.check_grant(i, key);
+                    if let Some(k) = self.scenario.base.keys.iter().position(|n| n == key) {
+                        self.checker.granted(k, *grantee, *recovered);
+                    }
+                }
+                if !from_home
+                    && let DBody::Release { key, grantee, note } = &message.body
+                    && let Some(k) = self.scenario.base.keys.iter().position(|n| n == key)
+                {
+                    self.checker.released(k, *grantee, note.is_some());
+                    if self.handling_grant {
+                        self.checker.handed_back(k, *grantee);
+                    }
+                }
+                self.send_deleg(i, to, message);
+            }
+            let quiet = events.is_empty();
+            for e in events {
+                self.on_holder_event(i, e);
+            }
+            if quiet {
+                break;
+            }
+        }
+        let slot = &mut self.slots[i];
+        slot.timer_generation += 1;
+        let Some(core) = slot.core.as_ref() else { return };
+        let timeout = [
+            core.poll_timeout(),
+            slot.home.as_ref().and_then(Home::poll_timeout),
+            slot.holder.as_ref().and_then(Holder::poll_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if let Some(at) = timeout {
+            let generation = slot.timer_generation;
+            let real = slot.clock.real_at(at).max(self.now);
+            self.schedule(real, Ev::Timer { node: i, generation });
+        }
+        let now = self.local(i);
+        let Some(core) = self.slots[i].core.as_ref() else { return };
+        if self.epoch_checker.after_event(self.now, i, now, core_timer, core) {
+            let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
+                .collect();
+            self.epoch_checker.check_homes(self.now, i, now, core, &others);
+        }
+    }
+
+    /// Checker 5: a grant leaves home `i`. It must hold its home lease, be active for the key
+    /// (or have adopted it by handover), and be past its restart quarantine (computed here).
+    fn check_grant(&mut self, i: usize, key: &[u8]) {
+        self.checker.stats.grants += 1;
+        let now = self.local(i);
+        let slot = &self.slots[i];
+        let (Some(core), Some(home)) = (slot.core.as_ref(), slot.home.as_ref()) else { return };
+        let timing = core.current().timing;
+        let quarantine_end =
+            slot.home_started + rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm);
+        let name = String::from_utf8_lossy(key).into_owned();
+        // A key that keeps its home through epoch changes is granted on a lease of any epoch of
+        // that run (see `EpochNode::home_active`), so "holds a home lease" is part of
+        // `home_active`; an adopted key needs the current epoch's lease.
+        let problem = if home.is_adopted(key) {
+            (!core.holds_lease(now)).then_some("(adopted by handover) without a home lease")
+        } else {
+            (!core.home_active(now, key))
+                .then_some("while not active for the key (no home lease in its run of epochs, or inside the activation wait)")
+        };
+        let problem = if problem.is_some() {
+            problem
+        } else if now < quarantine_end {
+            Some("inside its restart quarantine")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            let detail = format!("node {i} (epoch {}) granted {name} {problem}", core.current().number);
+            self.checker.violation(self.now, LockKind::BadGrant, detail);
+        }
+    }
+
+    fn schedule_sync(&mut self, i: usize) {
+        let (lo, hi) = self.scenario.base.disk_latency;
+        let at = self.now + self.rng.range(lo, hi);
+        let run = self.slots[i].run;
+        self.schedule(at, Ev::Sync { node: i, run });
+    }
+
+    fn sync(&mut self, i: usize, run: u64) {
+        let slot = &mut self.slots[i];
+        if slot.run != run || slot.core.is_none() {
+            return;
+        }
+        let now = slot.clock.local(self.now);
+        let Some((number, writes, messages)) = slot.disk.pop_front() else { return };
+        for w in &writes {
+            slot.durable.apply(w);
+        }
+        if let Some(core) = slot.core.as_mut() {
+            core.advance(now, number);
+        }
+        for t in messages {
+            self.send_epoch(i, t);
+        }
+        if !self.slots[i].disk.is_empty() {
+            self.schedule_sync(i);
+        }
+        self.pump(i, false);
+    }
+
+    fn send_epoch(&mut self, i: usize, t: Transmit) {
+        self.checker.stats.epoch_messages += 1;
+        if let Some(core) = self.slots[i].core.as_ref() {
+            let promised = self.slots[i].durable.acceptor.promised;
+            self.epoch_checker.sent(self.now, i, core.incarnation(), promised, &t.message);
+        }
+        match t.message.body {
+            Body::Chosen(_) if self.rng.chance(self.lose_chosen) => return,
+            Body::Vote { .. } if self.rng.chance(self.crash_after_vote) => {
+                let back = self.now + self.rng.range(1_000_000, 30_000_000);
+                self.schedule(self.now, Ev::Fault(Fault::Crash { at: self.now, node: i }));
+                self.schedule(back, Ev::Fault(Fault::Restart { at: back, node: i }));
+            }
+            _ => {}
+        }
+        let Some(to) = self.index(t.to) else { return };
+        self.transmit(i, to, Wire::Epoch(t.message));
+    }
+
+    fn send_deleg(&mut self, i: usize, to: NodeId, message: DMessage) {
+        let Some(to) = self.index(to) else { return };
+        if to == i {
+            // In-process: no network, no loss.
+            self.schedule(self.now, Ev::Deliver { from: i, to, wire: Wire::Deleg(message) });
+            return;
+        }
+        self.checker.stats.deleg_messages += 1;
+        self.transmit(i, to, Wire::Deleg(message));
+    }
+
+    fn transmit(&mut self, i: usize, to: usize, wire: Wire) {
+        let copies = if self.rng.chance(self.duplication) { 2 } else { 1 };
+        for _ in 0..copies {
+            if self.rng.chance(self.loss) {
+                continue;
+            }
+            let (lo, hi) = self.scenario.base.net_delay;
+            let mut delay = self.rng.range(lo, hi);
+            if self.rng.chance(self.reorder) {
+                delay += self.rng.range(hi, hi * 20);
+            }
+            self.schedule(self.now + delay, Ev::Deliver { from: i, to, wire: wire.clone() });
+        }
+    }
+
+    // ---- faults ----
+
+    fn apply_fault(&mut self, fault: Fault) {
+        match fault {
+            Fault::Crash { node, .. } => self.crash(node),
+            Fault::Restart { node, .. } => {
+                if self.slots[node].core.is_none() {
+                    self.start(node);
+                }
+            }
+            Fault::Partition { ref one_way, ref side, .. } => {
+                for (a, row) in self.blocked.iter_mut().enumerate() {
+                    for (b, cell) in row.iter_mut().enumerate() {
+                        if side[a] != side[b] && (!one_way || side[a]) {
+                            *cell = true;
+                        }
+                    }
+                }
+            }
+            Fault::HealPartition { .. } => self.blocked.iter_mut().for_each(|row| row.fill(false)),
+            Fault::Propose { node, .. } => {
+                let change = self.random_change();
+                let now = self.local(node);
+                if self.now < self.slots[node].paused_until {
+                    return; // a frozen process takes no operator command
+                }
+                if let Some(core) = self.slots[node].core.as_mut() {
+                    let _ = core.propose(now, change);
+                    self.pump(node, false);
+                }
+            }
+            Fault::Heal { .. } => {
+                self.blocked.iter_mut().for_each(|row| row.fill(false));
+                self.loss = 0.0;
+                self.duplication = 0.0;
+                self.lose_chosen = 0.0;
+                self.crash_after_vote = 0.0;
+                self.reorder = 0.0;
+                for i in 0..self.slots.len() {
+                    if self.slots[i].core.is_none() {
+                        self.start(i);
+                    }
+                }
+            }
+            Fault::LivenessPropose { .. } => {}
+        }
+    }
+
+    fn newest(&self) -> EpochRecord {
+        self.slots
+            .iter()
+            .filter_map(|s| s.core.as_ref().map(|c| c.current()))
+            .chain(self.slots.iter().map(|s| &s.durable.current))
+            .max_by_key(|r| r.number)
+            .cloned()
+            .unwrap_or_else(|| self.scenario.base.genesis.clone())
+    }
+
+    fn random_change(&mut self) -> Change {
+        let newest = self.newest();
+        let members: Vec<NodeId> = newest.member_ids().collect();
+        let spares: Vec<NodeId> =
+            self.slots.iter().map(|s| s.id).filter(|id| !newest.is_member(*id)).collect();
+        let member = |id: NodeId| keyhome_epoch::Member { id, addr: format!("127.0.0.1:{}", 7000 + id.0) };
+        match self.rng.range(0, 3) {
+            0 if !spares.is_empty() => Change::Add(member(self.rng.pick(&spares).unwrap_or(NodeId(1)))),
+            1 if members.len() > 2 => Change::Remove(self.rng.pick(&members).unwrap_or(NodeId(1))),
+            2 if !spares.is_empty() => Change::Replace {
+                old: self.rng.pick(&members).unwrap_or(NodeId(1)),
+                new: member(self.rng.pick(&spares).unwrap_or(NodeId(1))),
+            },
+            _ => Change::SetTiming(self.scenario.base.other_timing(&newest.timing)),
+        }
+    }
+
+    // ---- clients ----
+
+    /// A random key: from the Zipf-hot set (weights 1, 1/2, 1/3, ...) or uniform over all keys.
+    fn pick_key(&mut self) -> usize {
+        let keys = self.scenario.base.keys.len();
+        let hot = self.scenario.hot.min(keys);
+        if hot > 0 && self.rng.chance(self.scenario.hot_share) {
+            let total: f64 = (1..=hot).map(|r| 1.0 / r as f64).sum();
+            let mut x = (self.rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64 * total;
+            for r in 1..=hot {
+                x -= 1.0 / r as f64;
+                if x <= 0.0 {
+                    return r - 1;
+                }
+            }
+            return hot - 1;
+        }
+        self.rng.range(0, keys as u64 - 1) as usize
+    }
+
+    fn schedule_client(&mut self, node: usize, client: usize, at: Real) {
+        let c = &mut self.slots[node].clients[client];
+        c.generation += 1;
+        let generation = c.generation;
+        self.schedule(at, Ev::Client { node, client, generation });
+    }
+
+    /// An idle client goes back to sleep for a while (workload clients only).
+    fn idle(&mut self, node: usize, client: usize) {
+        self.slots[node].clients[client].state = CState::Idle;
+        if self.scenario.workload
+            && !self.slots[node].clients[client].probe
+            && self.now < self.scenario.quiet_at
+        {
+            let at = self.now + self.rng.range(0, 15_000_000);
+            self.schedule_client(node, client, at);
+        } else {
+            self.slots[node].clients[client].generation += 1;
+        }
+    }
+
+    fn lease(&self, node: usize) -> Duration {
+        self.slots[node].core.as_ref().map_or(self.scenario.base.genesis.timing.max_delegation_lease, |c| {
+            c.current().timing.max_delegation_lease
+        })
+    }
+
+    fn client_step(&mut self, node: usize, client: usize) {
+        if self.slots[node].core.is_none() {
+            return;
+        }
+        match self.slots[node].clients[client].state.clone() {
+            CState::Idle => {
+                if !self.scenario.workload || self.now >= self.scenario.quiet_at {
+                    return;
+                }
+                let key = self.pick_key();
+                let lease = nanos(self.lease(node));
+                let ttl = Duration::from_nanos(self.rng.range(lease / 2, 2 * lease));
+                let wait = if self.rng.chance(0.1) {
+                    Duration::ZERO
+                } else {
+                    Duration::from_nanos(self.rng.range(1_000_000, 3 * lease + 50_000_000))
+                };
+                self.lock(node, client, key, ttl, wait);
+            }
+            CState::Waiting { .. } => {}
+            CState::Holding { handle, key, admission, writes_left, step, last_write } => {
+                let now = self.local(node);
+                if now >= handle.deadline {
+                    // The client sees its handle is past its deadline: it stops, and tells the
+                    // holder (which then reports the handle expired, if it had not yet).
+                    let holder = self.slots[node].holder.as_mut().expect("up");
+                    if holder.unlock(now, handle.id, None).is_ok() {
+                        // The holder had extended the handle silently; it ends now, noteless.
+                        self.handles.remove(&(node, handle.id));
+                        self.checker.ended(self.now, admission, End::Unlock(None));
+                    }
+                    self.idle(node, client);
+                    self.pump(node, false);
+                    return;
+                }
+                if writes_left > 0 {
+                    self.checker.used(self.now, admission);
+                    self.next_write += 1;
+                    let write_id = self.next_write;
+                    let delay = self.rng.range(self.scenario.write_delay.0, self.scenario.write_delay.1);
+                    let token = handle.token;
+                    self.schedule(self.now + delay, Ev::Write { node, key, token, write_id, late: false });
+                    self.slots[node].clients[client].state = CState::Holding {
+                        handle,
+                        key,
+                        admission,
+                        writes_left: writes_left - 1,
+                        step,
+                        last_write: write_id,
+                    };
+                    self.schedule_client(node, client, self.now + step);
+                    return;
+                }
+                let note = Some(last_write.to_le_bytes().to_vec());
+                let holder = self.slots[node].holder.as_mut().expect("up");
+                if self.scenario.base.trace {
+                    println!(
+                        "{:>12.6} node {node} client {client}: unlock k{key} {} note {last_write}",
+                        self.now as f64 / 1e9,
+                        handle.token
+                    );
+                }
+                match holder.unlock(now, handle.id, note) {
+                    Ok(()) => {
+                        self.handles.remove(&(node, handle.id));
+                        self.checker.ended(self.now, admission, End::Unlock(Some(last_write)));
+                    }
+                    Err(LockError::Revoked | LockError::Expired | LockError::UnknownHandle) => {}
+                    Err(e) => panic!("unlock failed: {e}"),
+                }
+                self.idle(node, client);
+                self.pump(node, false);
+            }
+        }
+    }
+
+    /// Client `client` of `node` calls `lock`.
+    fn lock(&mut self, node: usize, client: usize, key: usize, ttl: Duration, wait: Duration) {
+        self.checker.stats.lock_calls += 1;
+        let now = self.local(node);
+        let name = self.scenario.base.keys[key].clone();
+        let slot = &mut self.slots[node];
+        let (Some(core), Some(holder)) = (slot.core.as_ref(), slot.holder.as_mut()) else { return };
+        let outcome = holder.lock(now, &name, ttl, wait, core);
+        match outcome {
+            Ok(LockOutcome::Locked(handle)) => {
+                self.checker.stats.immediate += 1;
+                self.holding(node, client, key, handle);
+            }
+            Ok(LockOutcome::Pending(ticket)) => {
+                self.slots[node].clients[client].state = CState::Waiting { ticket, key };
+            }
+            Err(_) => {
+                self.checker.stats.lock_failures += 1;
+                if self.slots[node].clients[client].probe {
+                    self.probe_failed(node, "lock refused at once");
+                }
+                self.idle(node, client);
+            }
+        }
+        self.pump(node, false);
+    }
+
+    /// A client got `handle`: the admission starts now.
+    fn holding(&mut self, node: usize, client: usize, key: usize, handle: Handle) {
+        let deadline = self.slots[node].clock.real_at(handle.deadline);
+        let note =
+            handle.note.as_ref().map(|n| u64::from_le_bytes(n.as_slice().try_into().unwrap_or([0xff; 8])));
+        if self.scenario.base.trace {
+            println!(
+                "{:>12.6} node {node} client {client}: admitted k{key} {} note {note:?} recovered {} deadline {:.6}",
+                self.now as f64 / 1e9,
+                handle.token,
+                handle.recovered,
+                deadline as f64 / 1e9
+            );
+        }
+        let admission =
+            self.checker.admitted(self.now, key, node, handle.token, deadline, note, handle.recovered);
+        self.handles.insert((node, handle.id), admission);
+        let c = &self.slots[node].clients[client];
+        if c.probe {
+            self.checker.stats.probes_ok += 1;
+        }
+        let probe = c.probe;
+        if self.scenario.workload || probe {
+            // Hold for a while (sometimes past the ttl), writing 1 to 3 times, then unlock.
+            let ttl = handle.deadline.saturating_duration_since(self.local(node));
+            let hold = if probe { 1_000_000 } else { self.rng.range(0, nanos(ttl) * 6 / 5) };
+            let writes = if probe { 1 } else { self.rng.range(1, 3) as u32 };
+            let step = hold / (u64::from(writes) + 1) + 1;
+            self.slots[node].clients[client].state =
+                CState::Holding { handle, key, admission, writes_left: writes, step, last_write: 0 };
+            self.schedule_client(node, client, self.now + step);
+        } else {
+            self.slots[node].clients[client].state = CState::Holding {
+                handle: handle.clone(),
+                key,
+                admission,
+                writes_left: 0,
+                step: 0,
+                last_write: 0,
+            };
+            self.script_results.push((node, client, Some(handle)));
+        }
+    }
+
+    fn on_holder_event(&mut self, node: usize, event: HolderEvent) {
+        if self.scenario.base.trace {
+            println!("{:>12.6} node {node}: {event:?}", self.now as f64 / 1e9);
+        }
+        match event {
+            HolderEvent::Locked { ticket, handle } => {
+                let Some(c) = self
+                    .find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
+                else {
+                    return;
+                };
+                let CState::Waiting { key, .. } = self.slots[node].clients[c].state else { return };
+                self.holding(node, c, key, handle);
+            }
+            HolderEvent::LockFailed { ticket, error } => {
+                let Some(c) = self
+                    .find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
+                else {
+                    return;
+                };
+                self.checker.stats.lock_failures += 1;
+                if self.slots[node].clients[c].probe {
+                    self.probe_failed(node, &format!("lock failed: {error}"));
+                }
+                self.idle(node, c);
+            }
+            HolderEvent::Revoked { handle, key, reason } => {
+                let now = self.local(node);
+                let deleg_gone =
+                    self.slots[node].holder.as_ref().is_none_or(|h| h.delegation(now, &key).is_none());
+                if let Some(admission) = self.handles.remove(&(node, handle)) {
+                    self.checker.ended(self.now, admission, revoked(reason, deleg_gone));
+                }
+                let Some(c) = self
+                    .find_client(node, |s| matches!(s, CState::Holding { handle: h, .. } if h.id == handle))
+                else {
+                    return;
+                };
+                self.idle(node, c);
+            }
+        }
+    }
+
+    fn find_client(&self, node: usize, which: impl Fn(&CState) -> bool) -> Option<usize> {
+        self.slots[node].clients.iter().position(|c| which(&c.state))
+    }
+
+    // ---- liveness probes ----
+
+    /// After healing: one probe client on every member of the newest epoch locks a random key,
+    /// with a wait of the delegation lease plus its margin, the grace, and round trips to spare.
+    fn start_probes(&mut self) {
+        let newest = self.newest();
+        for i in 0..self.slots.len() {
+            if !newest.is_member(self.slots[i].id) || self.slots[i].core.is_none() {
+                continue;
+            }
+            let key = self.pick_key();
+            let timing = newest.timing;
+            let wait = rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm)
+                + self.scenario.holder.grace
+                + Duration::from_millis(100);
+            self.slots[i].clients.push(Client { state: CState::Idle, generation: 0, probe: true });
+            let c = self.slots[i].clients.len() - 1;
+            self.lock(i, c, key, Duration::from_millis(50), wait);
+        }
+    }
+
+    fn probe_failed(&mut self, node: usize, why: &str) {
+        let epoch = self.slots[node].core.as_ref().map_or(0, |c| c.current().number);
+        self.checker.violation(
+            self.now,
+            LockKind::NoLiveness,
+            format!("probe on node {node} (epoch {epoch}): {why}"),
+        );
+    }
+
+    fn check_probes_at_end(&mut self) {
+        for i in 0..self.slots.len() {
+            for c in 0..self.slots[i].clients.len() {
+                if self.slots[i].clients[c].probe
+                    && matches!(self.slots[i].clients[c].state, CState::Waiting { .. })
+                {
+                    self.probe_failed(i, "no answer by the end of the run");
+                }
+            }
+        }
+    }
+
+    // ---- scripted use (message counts) ----
+
+    /// Scripted: client 0 of `node` locks `key` (an index into the scenario's keys). Returns
+    /// whether it was admitted at once.
+    pub fn script_lock(&mut self, node: usize, key: usize, ttl: Duration, wait: Duration) -> bool {
+        let before = self.checker.stats.immediate;
+        self.lock(node, 0, key, ttl, wait);
+        self.checker.stats.immediate > before
+    }
+
+    /// Scripted: whether client 0 of `node` holds a handle.
+    pub fn script_holds(&self, node: usize) -> bool {
+        matches!(self.slots[node].clients[0].state, CState::Holding { .. })
+    }
+
+    /// Scripted: client 0 of `node` unlocks with a note.
+    pub fn script_unlock(&mut self, node: usize) {
+        if let CState::Holding { handle, admission, .. } = self.slots[node].clients[0].state.clone() {
+            let now = self.local(node);
+            self.next_write += 1;
+            let note = self.next_write;
+            let holder = self.slots[node].holder.as_mut().expect("up");
+            holder.unlock(now, handle.id, Some(note.to_le_bytes().to_vec())).expect("a live handle");
+            self.checker.ended(self.now, admission, End::Unlock(Some(note)));
+            self.handles.remove(&(node, handle.id));
+            self.slots[node].clients[0].state = CState::Idle;
+            self.pump(node, false);
+        }
+    }
+
+    /// The home of key index `key` under node `node`'s current epoch.
+    pub fn home_of(&self, node: usize, key: usize) -> Option<usize> {
+        let core = self.slots[node].core.as_ref()?;
+        self.index(core.home_of(&self.scenario.base.keys[key])?)
+    }
+
+    /// Every handle id ever returned to scripted lockers (for tests).
+    pub fn script_handles(&self) -> Vec<HandleId> {
+        self.script_results.iter().filter_map(|(_, _, h)| h.as_ref().map(|h| h.id)).collect()
+    }
+}

@@ -1,0 +1,59 @@
+//! Each delegation safety rule, switched off, is caught by the lock simulation (and the
+//! non-durable incarnation of the epoch layer shows up as tokens that fail to increase).
+//!
+//! Each test searches hostile 3-member seeds until the first violation, up to a cap well above
+//! where the first one shows (seed 1 for the rarest, the missing rate margin, which needs clocks
+//! at opposite ends of the bound and a short network delay), and checks the violation is one the
+//! rule protects against.
+
+use keyhome_sim::locks::{LockKind, LockOptions, lock_bug, run_lock_seeds};
+
+/// Most seeds a search may take.
+const CAP: u64 = 200;
+
+fn caught(bug: &str, expected: &[LockKind]) {
+    let base = LockOptions { members: Some(3), hostile: true, ..LockOptions::default() };
+    let options = lock_bug(bug, base).expect("a known bug");
+    let reports = run_lock_seeds(0..CAP, &options, 2, true);
+    let found = reports.iter().find(|r| !r.violations.is_empty());
+    let Some(report) = found else { panic!("with {bug} switched off, {CAP} seeds found no violation") };
+    let violation = &report.violations[0];
+    assert!(
+        expected.contains(&violation.kind),
+        "{bug}: seed {} found {violation}, expected {expected:?}",
+        report.seed
+    );
+    println!("{bug}: seed {} finds {violation}", report.seed);
+}
+
+#[test]
+fn a_deadline_counted_from_receipt_is_caught() {
+    // The holder's deadline outlives the home's view: the next holder overlaps it; or a grant
+    // delayed past its use is used, below a later token.
+    caught("deadline-from-receipt", &[LockKind::Overlap, LockKind::TokenOrder]);
+}
+
+#[test]
+fn a_regrant_without_the_rate_margin_is_caught() {
+    caught("no-rate-margin", &[LockKind::Overlap]);
+}
+
+#[test]
+fn releasing_before_revoking_live_handles_is_caught() {
+    caught("release-before-revoke", &[LockKind::Overlap]);
+}
+
+#[test]
+fn no_restart_quarantine_is_caught() {
+    caught("no-quarantine", &[LockKind::BadGrant, LockKind::Overlap]);
+}
+
+#[test]
+fn serving_a_moved_key_without_waiting_or_handover_is_caught() {
+    caught("ignore-activation", &[LockKind::BadGrant, LockKind::Overlap]);
+}
+
+#[test]
+fn an_incarnation_that_is_not_durable_makes_tokens_fail_to_increase() {
+    caught("incarnation", &[LockKind::TokenOrder, LockKind::FenceRegression]);
+}

@@ -1,0 +1,118 @@
+//! Whole clusters with delegations under a client workload hold every delegation invariant over
+//! many seeds, replay exactly, and lock with the promised number of messages.
+
+use std::time::Duration;
+
+use keyhome_sim::locks::{LockOptions, LockReport, LockScenario, LockWorld, run_lock_seed, run_lock_seeds};
+
+const THREADS: usize = 2;
+const MS: u64 = 1_000_000;
+
+fn assert_clean(reports: &[LockReport], flag: &str) {
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.violations.is_empty())
+        .map(|r| {
+            format!(
+                "seed {}: {}\n  replay: cargo run --release -p keyhome-sim -- --locks --seed {}{flag}",
+                r.seed, r.violations[0], r.seed
+            )
+        })
+        .collect();
+    assert!(failed.is_empty(), "{} seeds failed:\n{}", failed.len(), failed.join("\n"));
+}
+
+/// 500 seeds of the default mix: 3 to 5 members and two spares, crashes, partitions, operator
+/// changes, loss, duplication, reordering, clock rates within the bound, holder pauses, and the
+/// client workload; liveness probes after healing.
+#[test]
+fn five_hundred_lock_seeds_hold_every_invariant() {
+    let reports = run_lock_seeds(0..500, &LockOptions::default(), THREADS, false);
+    assert_eq!(reports.len(), 500);
+    assert_clean(&reports, "");
+    let sum = |f: fn(&LockReport) -> u64| reports.iter().map(f).sum::<u64>();
+    // The runs did real work: admissions, local re-locks, handoffs with notes, recoveries after
+    // expiries, stale writes refused by the fenced resource (some of them a paused client's),
+    // pauses, and the probes after healing.
+    assert!(sum(|r| r.stats.admissions) >= 50_000, "admissions {}", sum(|r| r.stats.admissions));
+    assert!(sum(|r| r.stats.immediate) >= 5_000, "local re-locks {}", sum(|r| r.stats.immediate));
+    assert!(sum(|r| r.stats.notes_delivered) >= 10_000);
+    assert!(sum(|r| r.stats.recovered) >= 10_000);
+    assert!(sum(|r| r.stats.writes_refused) >= 10, "refused {}", sum(|r| r.stats.writes_refused));
+    assert!(sum(|r| r.stats.pauses) >= 200);
+    assert!(sum(|r| r.stats.probes_ok) >= 1_500, "probes {}", sum(|r| r.stats.probes_ok));
+}
+
+/// Seeds with more faults, pauses and clients, and every clock at an end of the rate bound.
+#[test]
+fn hostile_lock_seeds_hold_every_invariant() {
+    let options = LockOptions { hostile: true, ..LockOptions::default() };
+    let reports = run_lock_seeds(10_000..10_100, &options, THREADS, false);
+    assert_clean(&reports, " --hostile");
+    let refused: u64 = reports.iter().map(|r| r.stats.paused_writes_refused).sum();
+    assert!(refused >= 1, "no paused client's late write was refused");
+}
+
+/// A seed fixes the whole run.
+#[test]
+fn a_lock_seed_replays_exactly() {
+    for seed in [5, 91] {
+        let a = run_lock_seed(seed, &LockOptions::default());
+        let b = run_lock_seed(seed, &LockOptions::default());
+        let key = |r: &LockReport| {
+            (
+                r.stats.events,
+                r.stats.deleg_messages,
+                r.stats.admissions,
+                r.stats.writes_accepted,
+                r.stats.grants,
+            )
+        };
+        assert_eq!(key(&a), key(&b));
+    }
+}
+
+/// Delegation messages per lock operation, in a fault-free three-node cluster (the key's home
+/// is a third node, so every message crosses the network): the first lock of a key costs 2
+/// (request, grant), a re-lock under the held delegation 0, a handoff to another node 4
+/// (request, recall, release, grant).
+#[test]
+fn messages_per_lock() {
+    let lease = Duration::from_secs(1);
+    let mut w = LockWorld::new(1, LockScenario::quiet(1, 3, lease));
+    w.run_until(2_000 * MS);
+    let key = (0..12).find(|&k| w.home_of(0, k) == Some(2)).expect("a key homed on node 2");
+    let (ttl, wait) = (Duration::from_millis(500), Duration::from_millis(500));
+    let count = |w: &LockWorld| w.checker.stats.deleg_messages;
+
+    let before = count(&w);
+    assert!(!w.script_lock(0, key, ttl, wait), "the first lock waits for the grant");
+    w.run_until(w.now() + 20 * MS);
+    assert!(w.script_holds(0));
+    let first = count(&w) - before;
+    w.script_unlock(0);
+
+    let before = count(&w);
+    for _ in 0..10 {
+        assert!(w.script_lock(0, key, ttl, wait), "a re-lock is admitted at once");
+        w.run_until(w.now() + MS);
+        w.script_unlock(0);
+        w.run_until(w.now() + MS);
+    }
+    let relock = count(&w) - before;
+
+    let before = count(&w);
+    assert!(!w.script_lock(1, key, ttl, wait));
+    w.run_until(w.now() + 30 * MS);
+    assert!(w.script_holds(1), "the handoff completed");
+    let handoff = count(&w) - before;
+
+    println!(
+        "messages per lock: first {first}, re-lock {} (10 re-locks: {relock}), handoff {handoff}",
+        relock / 10
+    );
+    assert_eq!(first, 2, "first lock of a key");
+    assert_eq!(relock, 0, "steady-state re-lock");
+    assert!(handoff <= 4, "handoff between nodes: {handoff}");
+    assert!(w.checker.violations.is_empty(), "{:?}", w.checker.violations);
+}
