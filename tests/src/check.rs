@@ -52,6 +52,9 @@ pub struct Checker {
     seen_epoch: Vec<u64>,
     /// Per node: epoch and lease end at its last home check.
     seen_rights: Vec<(u64, Option<Instant>)>,
+    /// Per node: for an epoch, which watched keys it homes in that epoch. A node can grant only
+    /// keys it homes in its current epoch, so the others need no look-up.
+    homed: Vec<(u64, Vec<bool>)>,
     /// Per node: the highest epoch it acted under (sent a lease request or grant for).
     floor: Vec<u64>,
     /// Per node: the highest incarnation of any earlier run that acted.
@@ -71,6 +74,7 @@ impl Checker {
             accepted: HashMap::new(),
             seen_epoch: vec![0; nodes],
             seen_rights: vec![(0, None); nodes],
+            homed: vec![(0, Vec::new()); nodes],
             floor: vec![0; nodes],
             used_incarnation: vec![0; nodes],
             run: vec![(0, false); nodes],
@@ -213,6 +217,16 @@ impl Checker {
         changed || timer
     }
 
+    /// Whether `node` (running `core`) homes watched key `k` in its current epoch.
+    fn homes(&mut self, node: usize, core: &EpochNode, k: usize) -> bool {
+        let epoch = core.current().number;
+        if self.homed[node].0 != epoch || self.homed[node].1.is_empty() {
+            let homed = self.keys.iter().map(|(key, _)| core.home_of(key) == Some(core.id())).collect();
+            self.homed[node] = (epoch, homed);
+        }
+        self.homed[node].1[k]
+    }
+
     /// No key `node` may grant at `now` may be granted by any of `others` (each with its own
     /// clock reading) at the same real instant `at`.
     pub fn check_homes(
@@ -226,11 +240,11 @@ impl Checker {
         let current = core.current();
         for k in 0..self.keys.len() {
             let digest = self.keys[k].1;
-            if !core.home_active_digest(now, digest) {
+            if !self.homes(node, core, k) || !core.home_active_digest(now, digest) {
                 continue;
             }
-            for (other, other_now, other_core) in others {
-                if other_core.home_active_digest(*other_now, digest) {
+            for &(other, other_now, other_core) in others {
+                if self.homes(other, other_core, k) && other_core.home_active_digest(other_now, digest) {
                     let key = String::from_utf8_lossy(&self.keys[k].0).into_owned();
                     let detail = format!(
                         "nodes {node} (epoch {}) and {other} (epoch {}) both home of {key}",
