@@ -26,7 +26,13 @@
 //!   [`LockError::Expired`].
 //! - **Nothing is held that is not needed**: idle delegations are released after
 //!   [`HolderConfig::idle_release`]; grants that are late, stray, duplicated or no longer wanted
-//!   are handed back with `Release` (carrying their note) while they may still be live.
+//!   are handed back with `Release` (carrying their note and `recovered` flag) while they may
+//!   still be live. A renewal's grant that arrives after its delegation was released is not
+//!   handed back (the release covers it); after an expiry, or from an earlier run of this node,
+//!   it is handed back flagged `recovered`.
+//! - **The handoff is passed on**: a delegation granted `recovered` and released before any
+//!   admission releases with `recovered: true`; a Recall that overtakes its Grant (while the
+//!   acquisition request is outstanding) is remembered and applied when the Grant arrives.
 //!
 //! # Timers
 //!
@@ -300,6 +306,9 @@ struct Entry {
     want_until: Option<Instant>,
     /// The delegation this key had last, while its home may still speak of it.
     past: Option<Past>,
+    /// A Recall that arrived for a grantee not held yet (it overtook its Grant while an
+    /// acquisition request is outstanding): applied when that Grant arrives.
+    early_recall: Option<Grantee>,
     /// The wake-up of this entry in the heap, if any.
     scheduled: Option<Instant>,
 }
@@ -320,6 +329,9 @@ struct Delegation {
     /// No admission yet under this delegation: the next one carries the grant's note and flag.
     fresh: bool,
     recovered: bool,
+    /// The last local handle was taken away (revoked or past its deadline) rather than unlocked:
+    /// it may have written without leaving a note, so the release is flagged `recovered`.
+    unclean: bool,
     last_activity: Instant,
     /// Local activity since the last renewal was sent.
     active: bool,
@@ -356,8 +368,10 @@ struct Past {
     grantee: Grantee,
     /// The note it was released with, to repeat if the home recalls it again.
     note: Option<Vec<u8>>,
-    /// Released cleanly (else it expired).
+    /// Released (else it expired).
     released: bool,
+    /// The `recovered` flag it was released with, to repeat with the note.
+    recovered: bool,
     next_seq: u64,
     until: Instant,
 }
@@ -528,6 +542,9 @@ impl Holder {
         e.local = None;
         e.note = note;
         if let Some(d) = e.deleg.as_mut() {
+            d.unclean = false;
+        }
+        if let Some(d) = e.deleg.as_mut() {
             d.last_activity = now;
             d.active = true;
         }
@@ -666,6 +683,7 @@ impl Holder {
             refusals: 0,
             want_until: None,
             past: None,
+            early_recall: None,
             scheduled: None,
         };
         let slot = match self.free.pop() {
@@ -819,12 +837,15 @@ impl Holder {
                             deadline,
                             renew_at: r.sent_at + lease / 2,
                             next_seq,
-                            revoke_at: None,
+                            // A Recall that overtook this Grant closes admission at once.
+                            revoke_at: (e.early_recall == Some(g.grantee)).then_some(now + config.grace),
                             fresh: true,
+                            unclean: false,
                             recovered: g.recovered,
                             last_activity: now,
                             active: false,
                         });
+                        e.early_recall = None;
                         e.note = g.note;
                         e.past = None;
                         e.want_until = None;
@@ -833,9 +854,12 @@ impl Holder {
                     }
                     _ => {
                         // Too late to be useful (or below a grantee already used): hand it back
-                        // with its note, so the next holder still gets it, and ask again.
-                        io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+                        // with its note and flag, so the next holder still gets them, and ask
+                        // again.
+                        let (note, recovered) = (g.note, g.recovered);
+                        io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
                         e.retry_at = now;
+                        e.early_recall = None;
                     }
                 }
             }
@@ -844,7 +868,8 @@ impl Holder {
                 // acquired while a delegation is held), but never use or keep it.
                 let held = e.deleg.as_ref().is_some_and(|d| d.grantee == g.grantee);
                 if !held && now < deadline {
-                    io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+                    let (note, recovered) = (g.note, g.recovered);
+                    io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
                 }
             }
         }
@@ -852,14 +877,25 @@ impl Holder {
     }
 
     /// A grant for no outstanding request: a duplicate, a late answer to a forgotten request, or
-    /// an answer from the wrong node. Handed back if it may be live; the one held is kept.
+    /// an answer from the wrong node. Handed back if it may be live, with the note and flag it
+    /// carries; the one held is kept. A grant of the delegation this key had last (a renewal
+    /// answered after it ended) is not handed back if it was released: that Release, in flight,
+    /// covers it and carries the real note. If it expired, it is handed back flagged `recovered`.
+    /// So is a grant answering a request of an earlier run of this node: it may renew a
+    /// delegation that the restart ended without a release.
     fn stray_grant(&mut self, now: Instant, from: NodeId, slot: Option<u32>, g: GrantMsg) {
-        let holds = slot
-            .and_then(|s| self.entry(s))
-            .and_then(|e| e.deleg.as_ref())
-            .is_some_and(|d| d.grantee == g.grantee);
-        if !holds && self.io.grant_live(g.id, g.lease, now) {
-            self.io.send(from, Body::Release { key: g.key, grantee: g.grantee, note: g.note });
+        let e = slot.and_then(|s| self.entry(s));
+        if e.and_then(|e| e.deleg.as_ref()).is_some_and(|d| d.grantee == g.grantee) {
+            return;
+        }
+        let (note, recovered) = match e.and_then(|e| e.past.as_ref()).filter(|p| p.grantee == g.grantee) {
+            Some(p) if p.released => return,
+            Some(_) => (None, true),
+            None if !self.io.issued_this_run(g.id) => (g.note, true),
+            None => (g.note, g.recovered),
+        };
+        if self.io.grant_live(g.id, g.lease, now) {
+            self.io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
         }
     }
 
@@ -941,10 +977,18 @@ impl Holder {
             e.settle(slot, now, io);
         } else if let Some(p) = &e.past
             && p.grantee == grantee
-            && p.released
         {
-            // The release was lost: say it again, with the same note.
-            io.send(from, Body::Release { key: e.key.clone(), grantee, note: p.note.clone() });
+            if p.released {
+                // The release was lost: say it again, with the same note and flag.
+                let (note, recovered) = (p.note.clone(), p.recovered);
+                io.send(from, Body::Release { key: e.key.clone(), grantee, note, recovered });
+            }
+        } else if e.deleg.is_none()
+            && e.request.as_ref().is_some_and(|r| r.held.is_none())
+            && e.past.as_ref().is_none_or(|p| p.grantee < grantee)
+        {
+            // The Recall overtook its Grant: remember it for when the Grant arrives.
+            e.early_recall = Some(e.early_recall.map_or(grantee, |g| g.max(grantee)));
         }
         self.process(now, slot, auth);
     }
@@ -1018,6 +1062,11 @@ impl Io {
         id
     }
 
+    /// Whether request `id` was sent by this run of the node.
+    fn issued_this_run(&self, id: u64) -> bool {
+        self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
+    }
+
     /// Whether a grant answering request `id` with `lease` may still be live at `now`. Unknown
     /// ids (another run's, or forgotten for lack of room) count as live: handing back a dead
     /// grant costs a message, keeping a live one costs the home a lease.
@@ -1028,8 +1077,7 @@ impl Io {
                 now < s.at + lease.min(s.lease)
             }
             Err(_) => {
-                let aged_out = self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
-                    && id > self.forgotten;
+                let aged_out = self.issued_this_run(id) && id > self.forgotten;
                 !aged_out
             }
         }
@@ -1040,6 +1088,9 @@ impl Io {
     fn revoke(&mut self, slot: u32, e: &mut Entry, reason: RevokeReason) {
         let Some(local) = e.local.take() else { return };
         e.note = None;
+        if let Some(d) = e.deleg.as_mut() {
+            d.unclean = true;
+        }
         if self.tomb_order.len() >= TOMBSTONES
             && let Some(old) = self.tomb_order.pop_front()
         {
@@ -1146,15 +1197,19 @@ impl Entry {
         });
     }
 
-    /// Gives the delegation back cleanly with the stored note. Lockers still queued ask again.
+    /// Gives the delegation back with the stored note. A delegation granted `recovered` and
+    /// never used passes the flag on. Lockers still queued ask again.
     fn release(&mut self, now: Instant, io: &mut Io) {
         let Some(d) = self.deleg.take() else { return };
         let note = self.note.take();
-        io.send(d.home, Body::Release { key: self.key.clone(), grantee: d.grantee, note: note.clone() });
+        let recovered = (d.fresh && d.recovered) || d.unclean;
+        let body = Body::Release { key: self.key.clone(), grantee: d.grantee, note: note.clone(), recovered };
+        io.send(d.home, body);
         self.past = Some(Past {
             grantee: d.grantee,
             note,
             released: true,
+            recovered,
             next_seq: d.next_seq,
             until: d.deadline + d.lease,
         });
@@ -1172,6 +1227,7 @@ impl Entry {
             grantee: d.grantee,
             note: None,
             released: false,
+            recovered: true,
             next_seq: d.next_seq,
             until: now + d.lease,
         });
@@ -1179,10 +1235,14 @@ impl Entry {
         self.retry_at = now;
     }
 
-    /// A renewal's grant that arrives after its delegation is gone is a stray, handed back.
+    /// A renewal's grant that arrives after its delegation is gone is a stray: the past
+    /// delegation is remembered at least as long as that grant may be live, so the stray is
+    /// recognised as one (see `Holder::stray_grant`).
     fn forget_renewal(&mut self) {
-        if self.request.as_ref().is_some_and(|r| r.held.is_some()) {
-            self.request = None;
+        if let Some(r) = self.request.take_if(|r| r.held.is_some())
+            && let Some(p) = &mut self.past
+        {
+            p.until = p.until.max(r.sent_at + r.lease);
         }
     }
 

@@ -32,9 +32,11 @@
 //! - **Restart quarantine.** A restarted home has forgotten its volatile delegations. It refuses
 //!   every request until `started + rate_margin(max_delegation_lease, ppm)`, by which time all of
 //!   them have surely ended. Only this home's keys wait, and only once.
-//! - **Successor freshness.** A clean release hands its note to the next grant with
-//!   `recovered: false`. `recovered: true` means the home cannot vouch for a clean hand-off:
-//!   the previous delegation expired, or its note was too large and was dropped, or the home has
+//! - **Successor freshness.** A release hands its note and its `recovered` flag to the next
+//!   grant (a clean release says `recovered: false`; a holder handing back a grant it received
+//!   `recovered`, or one that follows its own expiry, says `true`). `recovered: true` means the
+//!   home cannot vouch for a clean hand-off: the previous delegation expired, or a release said
+//!   so, or its note was too large and was dropped, or the home has
 //!   no record of the key (never locked, record aged out or evicted, home restarted, key moved in
 //!   without a handover). So the first grant of a key this home has no record of is `recovered`.
 //!
@@ -368,7 +370,9 @@ impl Home {
             Body::Request { key, id, lease, wait, held } => {
                 self.on_request(now, from, epoch, key, id, lease, wait, held, auth)
             }
-            Body::Release { key, grantee, note } => self.on_release(now, from, key, grantee, note, auth),
+            Body::Release { key, grantee, note, recovered } => {
+                self.on_release(now, from, key, grantee, note, recovered, auth)
+            }
             Body::Check { key, id, token } => self.on_check(now, from, key, id, token, auth),
             Body::Handover { key, live, note, recovered, lock_delay } => {
                 self.on_handover(now, from, epoch, key, live, note, recovered, lock_delay, auth)
@@ -688,6 +692,7 @@ impl Home {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn on_release(
         &mut self,
         now: Instant,
@@ -695,6 +700,7 @@ impl Home {
         key: Key,
         grantee: Grantee,
         note: Option<Vec<u8>>,
+        recovered: bool,
         auth: &impl Authority,
     ) {
         if key.len() > self.config.limits.max_key_len {
@@ -706,9 +712,11 @@ impl Home {
             && live.holder == from
             && live.grantee == grantee
         {
+            // The release says what the next grant carries: its note, and whether the next
+            // holder must be told the hand-off was not clean.
             let (note, recovered) = match note {
                 Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
-                n => (n.map(Vec::into_boxed_slice), false),
+                n => (n.map(Vec::into_boxed_slice), recovered),
             };
             self.set_free(now, &mut e, note, recovered);
             self.service(now, &k, &mut e, auth);

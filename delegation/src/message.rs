@@ -55,8 +55,12 @@ pub enum Body {
     /// Home → holder: someone is waiting; release `grantee` as soon as the local holder is done.
     Recall { key: Key, grantee: Grantee },
     /// Holder → home: `grantee` is given back, with an optional handoff note for the next holder.
-    /// Also how a grant that arrived too late to be useful is handed back.
-    Release { key: Key, grantee: Grantee, note: Option<Vec<u8>> },
+    /// Also how a grant that arrived too late to be useful is handed back. `note` and `recovered`
+    /// are what the home records for the next grant: `recovered` says the next grant must be
+    /// flagged recovered (the released delegation was itself granted `recovered` and never used,
+    /// or it is a grant handed back after the sender's delegation expired). A hand-back of an
+    /// unused grant passes on the `note` and `recovered` it received.
+    Release { key: Key, grantee: Grantee, note: Option<Vec<u8>>, recovered: bool },
     /// Anyone → home: is `token` the newest admission the home knows of for `key`?
     Check { key: Key, id: u64, token: FencingToken },
     /// Home → asker: the answer to check `id`.

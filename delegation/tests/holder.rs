@@ -156,12 +156,22 @@ fn one_request(h: &mut Holder) -> Req {
 
 /// Exactly one message is pending, and it is a release: `(to, key, grantee, note)`.
 fn one_release(h: &mut Holder) -> (NodeId, Vec<u8>, Grantee, Option<Vec<u8>>) {
+    let (to, key, grantee, note, _) = one_release_flagged(h);
+    (to, key, grantee, note)
+}
+
+/// Exactly one message is pending, and it is a release: `(to, key, grantee, note, recovered)`.
+fn one_release_flagged(h: &mut Holder) -> (NodeId, Vec<u8>, Grantee, Option<Vec<u8>>, bool) {
     let mut out = sent(h);
     assert_eq!(out.len(), 1, "expected one release: {out:?}");
     match out.pop().expect("one") {
-        (to, Body::Release { key, grantee, note }) => (to, key, grantee, note),
+        (to, Body::Release { key, grantee, note, recovered }) => (to, key, grantee, note, recovered),
         other => panic!("expected a release, got {other:?}"),
     }
+}
+
+fn release(g: Grantee, note: Option<&[u8]>, recovered: bool) -> Body {
+    Body::Release { key: b"k".to_vec(), grantee: g, note: note.map(<[u8]>::to_vec), recovered }
 }
 
 fn grant(key: &[u8], id: u64, g: Grantee, lease: Duration, note: Option<&[u8]>, recovered: bool) -> Message {
@@ -288,7 +298,7 @@ fn a_grant_too_late_to_be_useful_is_handed_back_with_its_note() {
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!(
         out[0],
-        (HOME, Body::Release { key: b"k".to_vec(), grantee: grantee(1), note: Some(b"pos=7".to_vec()) }),
+        (HOME, release(grantee(1), Some(b"pos=7"), false)),
         "handed back with the predecessor's note"
     );
     let again = as_request(out[1].0, out[1].1.clone());
@@ -304,10 +314,7 @@ fn a_grant_too_late_to_be_useful_is_handed_back_with_its_note() {
         &auth,
     );
     let out = sent(&mut h);
-    assert_eq!(
-        out[0],
-        (HOME, Body::Release { key: b"k".to_vec(), grantee: grantee(2), note: Some(b"pos=8".to_vec()) })
-    );
+    assert_eq!(out[0], (HOME, release(grantee(2), Some(b"pos=8"), true)), "note and flag passed on");
     let third = as_request(out[1].0, out[1].1.clone());
     // A useful grant then admits the locker, with the note and flag of that grant.
     h.handle_message(
@@ -466,7 +473,7 @@ fn recall_waits_for_the_local_holder_up_to_grace_then_revokes_and_releases() {
     );
     let out = sent(&mut h);
     assert_eq!(out.len(), 2, "{out:?}");
-    assert_eq!(out[0], (HOME, Body::Release { key: b"k".to_vec(), grantee: grantee(1), note: None }));
+    assert_eq!(out[0], (HOME, release(grantee(1), None, false)));
     let again = as_request(out[1].0, out[1].1.clone());
     assert_eq!((again.to, again.held, again.wait), (HOME, None, ms(9_100)));
     // The revoked handle's next use fails, once.
@@ -513,6 +520,141 @@ fn recall_with_no_local_holder_releases_at_once_and_repeats_a_lost_release() {
     assert!(sent(&mut h).is_empty());
 }
 
+/// Defect (a): a grant flagged `recovered` that is handed back unused (too late, or no longer
+/// wanted) passes its flag and note on, so the next grant is flagged too.
+#[test]
+fn a_recovered_grant_handed_back_unused_keeps_its_flag() {
+    let auth = Script::new();
+    let mut h = holder();
+    // Too late to be useful.
+    pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(9_960), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), true), &auth);
+    let out = sent(&mut h);
+    assert_eq!(out[0], (HOME, release(grantee(1), Some(b"p"), true)));
+    // No longer wanted: the locker gave up, and the grant arrives as a stray.
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    assert!(h.cancel(at(10), ticket));
+    tick(&mut h, &auth, at(1_000));
+    assert!(sent(&mut h).is_empty(), "the request is forgotten, not resent");
+    h.handle_message(at(1_100), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), true), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), Some(b"p"), true))]);
+}
+
+/// Defect (b): a renewal's grant that arrives after the holder released the delegation is not
+/// handed back: the release in flight covers it, and an empty hand-back could overtake it.
+#[test]
+fn a_renewal_grant_after_the_release_is_not_handed_back() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    tick(&mut h, &auth, at(5_000));
+    let renewal = one_request(&mut h);
+    assert_eq!(renewal.held, Some(grantee(1)));
+    h.unlock(at(5_100), a.id, Some(b"n49".to_vec())).unwrap();
+    h.handle_message(at(5_200), HOME, recall(b"k", grantee(1)), &auth);
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), Some(b"n49".to_vec()), false));
+    h.handle_message(at(5_300), HOME, grant(b"k", renewal.id, grantee(1), secs(10), None, false), &auth);
+    assert!(sent(&mut h).is_empty(), "the release already sent covers the renewal");
+    // A repeated recall still repeats the real release.
+    h.handle_message(at(5_400), HOME, recall(b"k", grantee(1)), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), Some(b"n49"), false))]);
+}
+
+/// Defect (c): a renewal's grant that arrives after the delegation expired is handed back flagged
+/// `recovered`, even when it arrives after the expired delegation's own lease would have ended
+/// (the renewal asked for more).
+#[test]
+fn a_renewal_grant_after_an_expiry_is_handed_back_recovered() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(0), HOME, grant(b"k", r.id, grantee(1), secs(1), Some(b"p"), false), &auth);
+    locked_event(&mut h, ticket);
+    // Busy: renewal at half the lease, never answered in time.
+    tick(&mut h, &auth, at(500));
+    let renewal = one_request(&mut h);
+    assert_eq!((renewal.held, renewal.lease), (Some(grantee(1)), secs(10)));
+    tick(&mut h, &auth, at(1_000));
+    assert_eq!(h.delegation(at(1_000), b"k"), None);
+    sent(&mut h);
+    events(&mut h);
+    // Arrives after the expired delegation's lease (1 s) has passed once more, but the renewal
+    // (sent at 0.5 s for 10 s) may still be live.
+    h.handle_message(at(3_000), HOME, grant(b"k", renewal.id, grantee(1), secs(10), None, false), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
+}
+
+/// Found with defect (c): after a restart, a grant answering a request of the earlier run may be
+/// a renewal of a delegation the crash ended without a release; it is handed back flagged
+/// `recovered` (with whatever note it carries).
+#[test]
+fn a_grant_for_an_earlier_run_is_handed_back_recovered() {
+    let auth = Script::new();
+    let mut h = holder();
+    let earlier = (6 << 32) | 3;
+    h.handle_message(at(10), HOME, grant(b"k", earlier, grantee(1), secs(10), None, false), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
+    h.handle_message(at(20), HOME, grant(b"k", earlier + 1, grantee(2), secs(10), Some(b"p"), false), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(2), Some(b"p"), true))]);
+}
+
+/// Defect (d): a delegation granted `recovered` and released before any admission passes the
+/// flag (and the note) on; one admitted under releases cleanly.
+#[test]
+fn a_recovered_delegation_released_unused_passes_the_flag_on() {
+    let auth = Script::new();
+    let mut h = holder();
+    assert_eq!(h.try_lock(at(0), b"k", secs(1)), Err(LockError::WouldBlock));
+    tick(&mut h, &auth, at(0));
+    let r = one_request(&mut h);
+    h.handle_message(at(10), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), true), &auth);
+    assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
+    h.handle_message(at(100), HOME, recall(b"k", grantee(1)), &auth);
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), Some(b"p".to_vec()), true));
+    // A lost release is repeated with the same flag.
+    h.handle_message(at(600), HOME, recall(b"k", grantee(1)), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), Some(b"p"), true))]);
+    // Once admitted, the release is clean.
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(10), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), true), &auth);
+    let a = locked_event(&mut h, ticket);
+    assert!(a.recovered);
+    h.unlock(at(20), a.id, None).unwrap();
+    h.handle_message(at(100), HOME, recall(b"k", grantee(1)), &auth);
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), None, false));
+}
+
+/// Defect (e): a Recall that overtakes its Grant is remembered while the acquisition request is
+/// outstanding, and applied when the Grant arrives: the delegation goes straight back with the
+/// note it came with, instead of being held until the next Recall (or its expiry).
+#[test]
+fn a_recall_that_overtakes_its_grant_is_applied_when_the_grant_arrives() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(10), HOME, recall(b"k", grantee(1)), &auth);
+    assert!(sent(&mut h).is_empty());
+    h.handle_message(at(20), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), false), &auth);
+    let out = sent(&mut h);
+    assert_eq!(out.len(), 2, "{out:?}");
+    assert_eq!(out[0], (HOME, release(grantee(1), Some(b"p"), false)));
+    let again = as_request(out[1].0, out[1].1.clone());
+    assert_eq!((again.held, again.wait), (None, ms(29_980)), "the locker still waits: it asks again");
+    assert!(events(&mut h).is_empty());
+    // A later grant with another grantee is not affected by that recall.
+    h.handle_message(at(30), HOME, grant(b"k", again.id, grantee(2), secs(10), Some(b"q"), false), &auth);
+    let handle = locked_event(&mut h, ticket);
+    assert_eq!(handle.note.as_deref(), Some(&b"q"[..]));
+    assert!(sent(&mut h).is_empty());
+}
+
 // ---- rule 4: expiry ----
 
 #[test]
@@ -541,8 +683,9 @@ fn expiry_revokes_every_handle_and_waiters_ask_again() {
     assert_eq!((again.held, again.wait), (None, ms(20_010)), "b still waits: it asks again");
     assert_eq!(h.unlock(at(10_100), a.id, None), Err(LockError::Expired));
     // The renewal's grant, arriving after expiry, is handed back as stale (still live: sent at 5 s).
+    // Flagged `recovered`: the handles under it were revoked by the expiry.
     h.handle_message(at(10_200), HOME, grant(b"k", renewal.id, grantee(1), secs(10), None, false), &auth);
-    assert_eq!(one_release(&mut h), (HOME, b"k".to_vec(), grantee(1), None));
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), None, true));
     // A new delegation admits b, with tokens above everything before.
     h.handle_message(at(10_300), HOME, grant(b"k", again.id, grantee(2), secs(10), None, true), &auth);
     let hb = locked_event(&mut h, b);
@@ -917,7 +1060,7 @@ fn tokens_increase_across_delegations() {
     assert_ne!(r2.id, r.id);
     h.handle_message(at(6_000), HOME, grant(b"k", r2.id, grantee(4), secs(10), None, false), &auth);
     let out = sent(&mut h);
-    assert_eq!(out[0], (HOME, Body::Release { key: b"k".to_vec(), grantee: grantee(4), note: None }));
+    assert_eq!(out[0], (HOME, release(grantee(4), None, false)));
     let r3 = as_request(out[1].0, out[1].1.clone());
     // Re-granting the same delegation continues its sequence rather than repeating tokens.
     h.handle_message(at(6_010), HOME, grant(b"k", r3.id, grantee(6), secs(10), None, false), &auth);

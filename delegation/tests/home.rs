@@ -177,7 +177,19 @@ fn req(key: &[u8], id: u64, wait: Duration) -> Message {
 }
 
 fn release(epoch: u64, key: &[u8], grantee: Grantee, note: Option<&[u8]>) -> Message {
-    Message { epoch, body: Body::Release { key: key.to_vec(), grantee, note: note.map(<[u8]>::to_vec) } }
+    release_flagged(epoch, key, grantee, note, false)
+}
+
+/// A release that says whether the next grant must be flagged `recovered`.
+fn release_flagged(
+    epoch: u64,
+    key: &[u8],
+    grantee: Grantee,
+    note: Option<&[u8]>,
+    recovered: bool,
+) -> Message {
+    let note = note.map(<[u8]>::to_vec);
+    Message { epoch, body: Body::Release { key: key.to_vec(), grantee, note, recovered } }
 }
 
 fn drain(home: &mut Home) -> Vec<(NodeId, Body)> {
@@ -501,6 +513,32 @@ fn release_with_note_hands_it_to_the_next_grant() {
     home.handle_message(at(40), B, release(1, b"k", g2, None), &auth);
     let (_, _, _, note, recovered) = the_grant(&mut home, C);
     assert_eq!((note, recovered), (None, false));
+}
+
+/// Defects (a), (c), (d): a release flagged `recovered` (a handed-back `recovered` grant, a
+/// renewal handed back after an expiry, a `recovered` delegation released unused) makes the next
+/// grant `recovered`, with the release's note, whether it is recorded or goes to a waiter.
+#[test]
+fn a_release_flagged_recovered_flags_the_next_grant() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(10), A, release_flagged(1, b"k", g, Some(b"pos=1"), true), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegations(), 0);
+    assert_eq!(home.status(b"k"), KeyStatus::Free { recovered: true, note_len: Some(5) });
+    home.handle_message(at(20), B, req(b"k", 1, ms(0)), &auth);
+    let (_, g2, _, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((note.as_deref(), recovered), (Some(&b"pos=1"[..]), true));
+    // Straight to a waiter too.
+    home.handle_message(at(30), C, req(b"k", 1, ms(500)), &auth);
+    drain(&mut home);
+    home.handle_message(at(40), B, release_flagged(1, b"k", g2, None, true), &auth);
+    let (_, g3, _, note, recovered) = the_grant(&mut home, C);
+    assert_eq!((note, recovered), (None, true));
+    // And a clean one after it is clean again.
+    home.handle_message(at(50), C, release(1, b"k", g3, Some(b"pos=2")), &auth);
+    assert_eq!(home.status(b"k"), KeyStatus::Free { recovered: false, note_len: Some(5) });
 }
 
 #[test]

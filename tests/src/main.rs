@@ -28,8 +28,7 @@ const USAGE: &str = "usage: keyhome-sim [--seeds N] [--start S] [--seed S] [--me
                 (--members then 3..=5; --stats prints lock counters)
   --lock-bug NAME  with --locks, switch off one rule: deadline-from-receipt, no-rate-margin,
                 release-before-revoke, no-quarantine, ignore-activation, incarnation
-  --strict-handoff  with --locks, report the known hand-back defect (a handed-back grant
-                loses `recovered` or the note) as a violation";
+  --strict-handoff  accepted for old replay commands: handoffs are always checked strictly";
 
 struct Args {
     start: u64,
@@ -41,7 +40,6 @@ struct Args {
     stats: bool,
     locks: bool,
     lock_bug: Option<String>,
-    strict_handoff: bool,
 }
 
 /// Parses the command line; `Err` carries the message to print.
@@ -57,7 +55,6 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         stats: false,
         locks: false,
         lock_bug: None,
-        strict_handoff: false,
     };
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or(format!("{name} needs a value"));
@@ -86,7 +83,7 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--stats" => parsed.stats = true,
             "--locks" => parsed.locks = true,
-            "--strict-handoff" => parsed.strict_handoff = true,
+            "--strict-handoff" => {}
             "--lock-bug" => {
                 let name = value("--lock-bug")?;
                 if keyhome_sim::locks::lock_bug(&name, Default::default()).is_none() {
@@ -183,7 +180,6 @@ fn locks_main(args: &Args) -> ExitCode {
         trace: args.options.trace,
         hostile: args.options.hostile,
         epoch_bugs: args.options.bugs,
-        strict_handoff: args.strict_handoff,
         ..LockOptions::default()
     };
     if let Some(name) = &args.lock_bug {
@@ -205,9 +201,6 @@ fn locks_main(args: &Args) -> ExitCode {
         if let Some(b) = &args.lock_bug {
             cmd += &format!(" --lock-bug {b}");
         }
-        if args.strict_handoff {
-            cmd += " --strict-handoff";
-        }
         println!("  replay: {cmd}");
     }
     if failed.len() > 20 {
@@ -227,7 +220,7 @@ fn locks_main(args: &Args) -> ExitCode {
             sum(|r| r.stats.epoch_messages),
         );
         println!(
-            "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} revoked-not-recovered: {} handback-lost: {} probes ok: {}",
+            "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} revoked-not-recovered: {} probes ok: {}",
             sum(|r| r.stats.writes_accepted),
             sum(|r| r.stats.writes_refused),
             sum(|r| r.stats.paused_writes_refused),
@@ -235,7 +228,6 @@ fn locks_main(args: &Args) -> ExitCode {
             sum(|r| r.stats.notes_delivered),
             sum(|r| r.stats.recovered),
             sum(|r| r.stats.revoked_not_recovered),
-            sum(|r| r.stats.handback_lost),
             sum(|r| r.stats.probes_ok),
         );
     }

@@ -2,7 +2,7 @@
 //! non-durable incarnation of the epoch layer shows up as tokens that fail to increase).
 //!
 //! Each test searches hostile 3-member seeds until the first violation, up to a cap well above
-//! where the first one shows (seed 1 for the rarest, the missing rate margin, which needs clocks
+//! where the first one shows (seed 29 for the rarest, the missing rate margin, which needs clocks
 //! at opposite ends of the bound and a short network delay), and checks the violation is one the
 //! rule protects against.
 

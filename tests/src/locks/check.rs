@@ -105,9 +105,6 @@ pub struct LockStats {
     /// Delegations whose predecessor's handle was revoked after a recall, yet not flagged
     /// `recovered` (the holder's release cannot say so; see the report).
     pub revoked_not_recovered: u64,
-    /// Handoffs that lost the `recovered` flag or the note through a handed-back grant: the
-    /// known defect described at [`LockChecker`].
-    pub handback_lost: u64,
     pub probes_ok: u64,
 }
 
@@ -121,24 +118,10 @@ pub struct Resource {
 
 /// The checker: ghost state outside the nodes, so crashes cannot erase it.
 ///
-/// Known defect, tolerated unless `strict_handoff` is set: a holder hands a grant it will not
-/// use back with a `Release` carrying the grant's note (None for renewals), and the home takes
-/// every `Release` of its live delegation as a clean release. So (1) a grant flagged `recovered`
-/// that is handed back unused (too late to be useful, no longer wanted) loses the flag; (2) a
-/// renewal grant arriving after the holder released the delegation is handed back with an
-/// empty note that may overtake the real release; (3) a renewal grant arriving after the
-/// holder's delegation *expired* is handed back, and the home records a clean release of an
-/// expired delegation. Each time the next grant says `recovered: false` with no or the wrong
-/// note. Likewise (4) a delegation granted `recovered` and released before any admission
-/// (recalled, or idle) passes no flag on: the `Release` cannot say so. Counted in
-/// [`LockStats::handback_lost`].
+/// Every handoff is checked strictly: grants handed back unused (too late, stray, no longer
+/// wanted, renewals that arrive after their delegation ended) must pass their note and
+/// `recovered` flag on, through the `Release`'s own `note` and `recovered`.
 pub struct LockChecker {
-    /// Report the known hand-back defect as a violation.
-    pub strict_handoff: bool,
-    /// Per key: grants handed back by their holders, above the last admission's.
-    handed_back: Vec<Vec<Grantee>>,
-    /// Per key: grants sent flagged `recovered`, above the last admission's.
-    recovered_grants: Vec<Vec<Grantee>>,
     /// Delegations their holders released (sent a `Release` for), by key, with whether a
     /// release with a note and one without were sent.
     released: HashMap<(usize, Grantee), (bool, bool)>,
@@ -155,9 +138,6 @@ pub struct LockChecker {
 impl LockChecker {
     pub fn new(keys: usize) -> LockChecker {
         LockChecker {
-            strict_handoff: false,
-            handed_back: vec![Vec::new(); keys],
-            recovered_grants: vec![Vec::new(); keys],
             released: HashMap::new(),
             admissions: Vec::new(),
             open: vec![Vec::new(); keys],
@@ -230,17 +210,8 @@ impl LockChecker {
                 Some(Some((_, End::Recalled | End::Expired { .. }))) => (None, expired, !expired),
                 Some(Some((_, End::Crash))) | Some(None) => (None, expired, false),
             };
-            // The known defect: a grant handed back since (or for) the predecessor's delegation.
-            let handed_back = self.handed_back[key]
-                .iter()
-                .any(|g| *g < grantee && previous.is_none_or(|p| *g >= p.grantee()))
-                || self.recovered_grants[key]
-                    .iter()
-                    .any(|g| *g < grantee && previous.is_none_or(|p| *g > p.grantee()));
             if recovered {
                 self.stats.recovered += 1;
-            } else if handed_back && !self.strict_handoff && (unclean || note != expected) {
-                self.stats.handback_lost += 1;
             } else if unclean {
                 let p = previous.expect("unclean needs a predecessor");
                 let detail = format!(
@@ -262,30 +233,13 @@ impl LockChecker {
                 }
             }
         }
-        self.handed_back[key].retain(|g| *g > grantee);
-        self.recovered_grants[key].retain(|g| *g > grantee);
         self.admissions.push(Admission { key, node, token, start: at, deadline, end: None });
         self.open[key].push(id);
         self.last[key] = Some(id);
         id
     }
 
-    /// A home sent a grant of `key` to `grantee`.
-    pub fn granted(&mut self, key: usize, grantee: Grantee, recovered: bool) {
-        if recovered && !self.recovered_grants[key].contains(&grantee) {
-            self.recovered_grants[key].push(grantee);
-        }
-    }
-
-    /// A holder handed back the grant `grantee` of `key` (a `Release` sent while handling a
-    /// `Grant`: too late, stray, duplicated or no longer wanted).
-    pub fn handed_back(&mut self, key: usize, grantee: Grantee) {
-        if !self.handed_back[key].contains(&grantee) {
-            self.handed_back[key].push(grantee);
-        }
-    }
-
-    /// A holder sent a `Release` of `key`'s delegation `grantee`.
+    /// A holder sent a clean `Release` of `key`'s delegation `grantee` (not flagged `recovered`).
     pub fn released(&mut self, key: usize, grantee: Grantee, with_note: bool) {
         let r = self.released.entry((key, grantee)).or_default();
         if with_note {

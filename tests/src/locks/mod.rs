@@ -38,8 +38,6 @@ pub struct LockOptions {
     /// More faults, pauses and clients, every clock at an end of the rate bound: what the
     /// injected-bug tests use.
     pub hostile: bool,
-    /// Report the known hand-back defect (see [`check::LockChecker`]) as a violation.
-    pub strict_handoff: bool,
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
@@ -77,7 +75,6 @@ pub struct LockReport {
 /// Runs one seed to its end.
 pub fn run_lock_seed(seed: u64, options: &LockOptions) -> LockReport {
     let mut world = LockWorld::new(seed, LockScenario::generate(seed, options));
-    world.checker.strict_handoff = options.strict_handoff;
     world.run();
     let checker = &mut world.checker;
     LockReport { seed, violations: std::mem::take(&mut checker.violations), stats: checker.stats.clone() }

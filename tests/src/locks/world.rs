@@ -156,8 +156,6 @@ pub struct LockWorld {
     script_results: Vec<(usize, usize, Option<Handle>)>,
     /// Live admissions by node and handle, so every revocation reaches the ghost state.
     handles: std::collections::HashMap<(usize, HandleId), usize>,
-    /// Set while a node handles a `Grant`: a `Release` it sends then hands the grant back.
-    handling_grant: bool,
 }
 
 impl LockWorld {
@@ -209,7 +207,6 @@ impl LockWorld {
             next_write: 0,
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
-            handling_grant: false,
             scenario,
         };
         for fault in world.scenario.base.faults.clone() {
@@ -338,7 +335,6 @@ impl LockWorld {
                         | DBody::Refuse { .. }
                         | DBody::Recall { .. }
                         | DBody::CheckReply { .. } => {
-                            self.handling_grant = matches!(message.body, DBody::Grant { .. });
                             if let Some(holder) = slot.holder.as_mut() {
                                 holder.handle_message(now, from_id, message, &*core);
                             }
@@ -346,7 +342,6 @@ impl LockWorld {
                     },
                 }
                 self.pump(to, false);
-                self.handling_grant = false;
             }
             Ev::Timer { node, generation } => {
                 if self.slots[node].timer_generation != generation {
@@ -512,20 +507,16 @@ impl LockWorld {
                 self.schedule_sync(i);
             }
             for (from_home, (to, message)) in deleg {
-                if from_home && let DBody::Grant { key, grantee, recovered, .. } = &message.body {
+                if from_home && let DBody::Grant { key, .. } = &message.body {
                     self.check_grant(i, key);
-                    if let Some(k) = self.scenario.base.keys.iter().position(|n| n == key) {
-                        self.checker.granted(k, *grantee, *recovered);
-                    }
                 }
+                // A release flagged `recovered` does not vouch for a clean end: the checker
+                // still expects the next holder to be told.
                 if !from_home
-                    && let DBody::Release { key, grantee, note } = &message.body
+                    && let DBody::Release { key, grantee, note, recovered: false } = &message.body
                     && let Some(k) = self.scenario.base.keys.iter().position(|n| n == key)
                 {
                     self.checker.released(k, *grantee, note.is_some());
-                    if self.handling_grant {
-                        self.checker.handed_back(k, *grantee);
-                    }
                 }
                 self.send_deleg(i, to, message);
             }

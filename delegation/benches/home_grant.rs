@@ -1,0 +1,467 @@
+//! Cost of the home side: requests handled by `Home::handle_message`, and heap bytes per live
+//! delegation.
+//!
+//! `cargo bench -p keyhome-delegation --bench home_grant -- --warm-up-time 1 --measurement-time 3`
+//!
+//! - `home_request/grant_free_new`: a request for a key the home has no record of (its first
+//!   lock, or its record aged out) → Grant. Released keys are dropped at once
+//!   (`record_retention` zero), so every request inserts a key.
+//! - `home_request/grant_free_record`: a request for a key released cleanly before, whose record
+//!   the home keeps (default five-minute retention) → Grant carrying it.
+//! - `home_request/renew`: the holder renews its live delegation → Grant (renewal).
+//! - `home_request/queue_recall`: another node requests a held key with a wait → it queues and
+//!   the home sends a Recall to the holder.
+//!
+//! Each case cycles through 100 000 distinct keys (24-byte mean, 16 to 32 bytes) on a home that
+//! also holds 100 000 other live delegations, so the map has 200 000 entries. The measured cost is
+//! `handle_message` plus draining (and dropping) every message `poll_transmit` yields. The
+//! requests are built beforehand, outside the timing (a driver gets them from the decoder). What
+//! keeps the state bounded runs untimed after each chunk of 1 024 requests: the holder releases
+//! the keys just granted (grant cases), or the holder releases and the queued requester is granted
+//! and becomes the next round's holder (queue case). The clock advances 1 ns per message; leases
+//! are 10 s, so nothing expires.
+//!
+//! - `home_memory` (printed, not a criterion case): live heap bytes, counted by this binary's
+//!   global allocator (requested sizes, not the allocator's rounding), before and after one home
+//!   grants ONE MILLION delegations of distinct 16-to-32-byte keys, divided by the count; also
+//!   `Home::memory_estimate()` and the process's resident-set growth. Runs unless a filter is
+//!   given that does not match `home_memory`.
+//!
+//! The counting allocator is in force for the timed cases too: it adds one thread-local add per
+//! allocation and free.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{Criterion, Throughput, criterion_group};
+use keyhome_delegation::{Authority, Body, Grantee, Home, HomeConfig, Message};
+use keyhome_epoch::{Instant, NodeId, Timing};
+
+// ---- a counting allocator (per thread: the memory measurement runs on one thread) ----
+
+struct Counting;
+
+thread_local! {
+    static ALLOCATED: Cell<isize> = const { Cell::new(0) };
+}
+
+fn count(delta: isize) {
+    let _ = ALLOCATED.try_with(|a| a.set(a.get() + delta));
+}
+
+// SAFETY: every call is forwarded to `System` unchanged; the counter is a thread-local `Cell`
+// with a const initialiser and no destructor, so updating it never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            count(layout.size() as isize);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        count(-(layout.size() as isize));
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            count(new_size as isize - layout.size() as isize);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocated() -> isize {
+    ALLOCATED.with(|a| a.get())
+}
+
+// ---- a fixed epoch layer: every key homed here, active, every node a member ----
+
+const ME: NodeId = NodeId(1);
+/// Holders of the background delegations (one per 62 500, under the per-requester cap).
+const BACKGROUND: [NodeId; 16] = {
+    let mut ids = [NodeId(0); 16];
+    let mut i = 0;
+    while i < 16 {
+        ids[i] = NodeId(100 + i as u64);
+        i += 1;
+    }
+    ids
+};
+const A: NodeId = NodeId(2);
+const B: NodeId = NodeId(3);
+
+struct Fixed;
+
+impl Authority for Fixed {
+    fn epoch(&self) -> u64 {
+        1
+    }
+    fn incarnation(&self) -> u64 {
+        1
+    }
+    fn timing(&self) -> Timing {
+        Timing::DEFAULT
+    }
+    fn is_member(&self, _node: NodeId) -> bool {
+        true
+    }
+    fn home_of(&self, _key: &[u8]) -> Option<NodeId> {
+        Some(ME)
+    }
+    fn home_active(&self, _now: Instant, _key: &[u8]) -> bool {
+        true
+    }
+    fn holds_lease(&self, _now: Instant) -> bool {
+        true
+    }
+}
+
+const KEYS: usize = 100_000;
+const CHUNK: usize = 1024;
+const LEASE: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(5);
+
+/// Key `i` of family `tag`: 16 to 32 bytes (16 + i % 17), distinct for distinct `(tag, i)`.
+fn key(tag: u8, i: usize) -> Vec<u8> {
+    let mut k = format!("{}{i:015}", tag as char).into_bytes();
+    k.resize(16 + i % 17, b'x');
+    k
+}
+
+fn request(key: &[u8], id: u64, wait: Duration, held: Option<Grantee>) -> Message {
+    Message { epoch: 1, body: Body::Request { key: key.to_vec(), id, lease: LEASE, wait, held } }
+}
+
+fn release(key: &[u8], grantee: Grantee) -> Message {
+    Message { epoch: 1, body: Body::Release { key: key.to_vec(), grantee, note: None, recovered: false } }
+}
+
+/// A home past its restart quarantine, its clock, and the grantee and holder of each bench key.
+struct Bench {
+    home: Home,
+    now: Instant,
+    next_id: u64,
+    keys: Vec<Vec<u8>>,
+    /// Per bench key: who holds it and under which grantee, if held.
+    held: Vec<Option<(NodeId, Grantee)>>,
+    cursor: usize,
+}
+
+impl Bench {
+    fn new(record_retention: Duration, background: usize) -> Bench {
+        let mut config = HomeConfig::new(ME);
+        config.record_retention = record_retention;
+        config.limits.max_delegations = 2_000_000;
+        let mut bench = Bench {
+            home: Home::new(config, Instant::ZERO),
+            now: Instant::from_nanos(60_000_000_000),
+            next_id: 1,
+            keys: (0..KEYS).map(|i| key(b'k', i)).collect(),
+            held: vec![None; KEYS],
+            cursor: 0,
+        };
+        for i in 0..background {
+            let from = BACKGROUND[i % BACKGROUND.len()];
+            let m = request(&key(b'b', i), bench.id(), Duration::ZERO, None);
+            bench.deliver(from, m);
+            let out = bench.drain();
+            assert!(matches!(out.as_slice(), [(_, Body::Grant { .. })]), "{out:?}");
+        }
+        bench
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    #[inline]
+    fn deliver(&mut self, from: NodeId, m: Message) {
+        self.now = self.now + Duration::from_nanos(1);
+        self.home.handle_message(self.now, from, m, &Fixed);
+    }
+
+    fn drain(&mut self) -> Vec<(NodeId, Body)> {
+        std::iter::from_fn(|| self.home.poll_transmit()).map(|(to, m)| (to, m.body)).collect()
+    }
+
+    /// Grants every bench key to `A` and records the grantees.
+    fn hold_all(&mut self) {
+        for i in 0..KEYS {
+            let m = request(&self.keys[i].clone(), self.id(), Duration::ZERO, None);
+            self.deliver(A, m);
+            self.note_grants();
+            assert!(self.held[i].is_some());
+        }
+    }
+
+    /// Records the holder and grantee of every Grant the home sent.
+    fn note_grants(&mut self) -> usize {
+        let mut n = 0;
+        for (to, body) in self.drain() {
+            if let Body::Grant { key, grantee, .. } = body {
+                let i = self.index(&key);
+                self.held[i] = Some((to, grantee));
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn index(&self, key: &[u8]) -> usize {
+        let digits = std::str::from_utf8(&key[1..16]).expect("ascii");
+        digits.parse().expect("digits")
+    }
+
+    /// The next chunk of bench keys (at most `n`), cycling.
+    fn chunk(&mut self, n: usize) -> std::ops::Range<usize> {
+        if self.cursor == KEYS {
+            self.cursor = 0;
+        }
+        let start = self.cursor;
+        self.cursor = (start + n).min(KEYS);
+        start..self.cursor
+    }
+
+    /// Runs `iters` requests built by `make` in chunks, timing only `handle_message` + draining
+    /// the output; `after` restores the state for the chunk, untimed.
+    fn run(
+        &mut self,
+        iters: u64,
+        mut make: impl FnMut(&mut Bench, usize) -> (NodeId, Message),
+        mut after: impl FnMut(&mut Bench, std::ops::Range<usize>),
+    ) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut left = iters as usize;
+        let mut batch = Vec::with_capacity(CHUNK);
+        while left > 0 {
+            let range = self.chunk(left.min(CHUNK));
+            left -= range.len();
+            batch.clear();
+            batch.extend(range.clone().map(|i| make(self, i)));
+            let start = std::time::Instant::now();
+            for (from, m) in batch.drain(..) {
+                self.deliver(from, m);
+                while let Some(out) = self.home.poll_transmit() {
+                    black_box(out);
+                }
+            }
+            total += start.elapsed();
+            after(self, range);
+        }
+        total
+    }
+}
+
+/// The holder releases every key of `range` it holds (untimed); grants to waiters are recorded.
+fn release_range(b: &mut Bench, range: std::ops::Range<usize>) {
+    for i in range {
+        if let Some((holder, grantee)) = b.held[i].take() {
+            let m = release(&b.keys[i].clone(), grantee);
+            b.deliver(holder, m);
+            b.note_grants();
+        }
+    }
+}
+
+fn bench_requests(c: &mut Criterion) {
+    let mut group = c.benchmark_group("home_request");
+    group.throughput(Throughput::Elements(1));
+
+    for (name, retention) in
+        [("grant_free_new", Duration::ZERO), ("grant_free_record", Duration::from_secs(300))]
+    {
+        let mut b = Bench::new(retention, KEYS);
+        if !retention.is_zero() {
+            // Give every bench key a released record.
+            b.hold_all();
+            release_range(&mut b, 0..KEYS);
+        }
+        group.bench_function(name, |bencher| {
+            bencher.iter_custom(|iters| {
+                b.run(
+                    iters,
+                    |b, i| {
+                        let id = b.id();
+                        (A, request(&b.keys[i], id, Duration::ZERO, None))
+                    },
+                    |b, range| {
+                        // Every request was granted: record the grantees, then release.
+                        b.grants_were_sent(range.clone());
+                        release_range(b, range);
+                    },
+                )
+            })
+        });
+        assert_eq!(b.home.delegations(), KEYS, "{name}: only the background is held between chunks");
+        drop(b);
+    }
+
+    let mut b = Bench::new(Duration::from_secs(300), KEYS);
+    b.hold_all();
+    group.bench_function("renew", |bencher| {
+        bencher.iter_custom(|iters| {
+            b.run(
+                iters,
+                |b, i| {
+                    let (holder, grantee) = b.held[i].expect("held");
+                    let id = b.id();
+                    (holder, request(&b.keys[i], id, Duration::ZERO, Some(grantee)))
+                },
+                |_, _| {},
+            )
+        })
+    });
+    assert_eq!(b.home.delegations(), 2 * KEYS);
+    drop(b);
+
+    let mut b = Bench::new(Duration::from_secs(300), KEYS);
+    b.hold_all();
+    group.bench_function("queue_recall", |bencher| {
+        bencher.iter_custom(|iters| {
+            b.run(
+                iters,
+                |b, i| {
+                    let (holder, _) = b.held[i].expect("held");
+                    let other = if holder == A { B } else { A };
+                    let id = b.id();
+                    (other, request(&b.keys[i], id, WAIT, None))
+                },
+                // The holder releases; the home grants the queued requester, the next holder.
+                |b, range| {
+                    release_range(b, range.clone());
+                    assert!(range.clone().all(|i| b.held[i].is_some()), "every waiter was granted");
+                },
+            )
+        })
+    });
+    assert_eq!(b.home.delegations(), 2 * KEYS);
+    assert!(b.home.waiters(&b.keys[0]).is_empty());
+    drop(b);
+
+    group.finish();
+}
+
+impl Bench {
+    /// After a timed chunk of grants: the grants were drained (and dropped) inside the timing, so
+    /// look the grantees up from the home.
+    fn grants_were_sent(&mut self, range: std::ops::Range<usize>) {
+        for i in range {
+            let d = self.home.delegation(&self.keys[i]).expect("the request was granted");
+            assert_eq!(d.holder, A);
+            self.held[i] = Some((d.holder, d.grantee));
+        }
+    }
+}
+
+// ---- memory ----
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+fn home_memory() {
+    const COUNT: usize = 1_000_000;
+    let checkpoints = [500_000, 900_000, COUNT];
+    let mut config = HomeConfig::new(ME);
+    config.limits.max_delegations = 2 * COUNT;
+    let mut home = Home::new(config, Instant::ZERO);
+    let mut now = Instant::from_nanos(60_000_000_000);
+    let holders = BACKGROUND;
+    // Warm the output queue with one grant, so its (reused) buffer is not counted.
+    home.handle_message(now, A, request(b"warm-up-key-0000", 0, Duration::ZERO, None), &Fixed);
+    while home.poll_transmit().is_some() {}
+    // Keys are built inside the measured window: a request's key buffer is freed when the home
+    // copies it into its own allocation, so building them beforehand would hide that copy.
+    let key_bytes: usize = (0..COUNT).map(|i| 16 + i % 17).sum();
+    let rss_before = resident_bytes();
+    let before = allocated();
+    let mut at = 0;
+    println!(
+        "home_memory: live delegations of distinct keys, 16 to 32 bytes (mean {} bytes)",
+        key_bytes as f64 / COUNT as f64
+    );
+    for target in checkpoints {
+        for i in at..target {
+            now = now + Duration::from_nanos(1);
+            let m = request(&key(b'm', i), i as u64 + 1, Duration::ZERO, None);
+            home.handle_message(now, holders[i % holders.len()], m, &Fixed);
+            while home.poll_transmit().is_some() {}
+        }
+        at = target;
+        assert_eq!(home.delegations(), target + 1);
+        let live = allocated() - before;
+        let estimate = home.memory_estimate();
+        println!(
+            "home_memory/{target}: {live} live heap bytes, {:.1} bytes per delegation; memory_estimate() {estimate} bytes, {:.1} per delegation",
+            live as f64 / target as f64,
+            estimate as f64 / (target + 1) as f64,
+        );
+    }
+    if let (Some(b), Some(a)) = (rss_before, resident_bytes()) {
+        println!(
+            "home_memory/{COUNT}: resident set grew {} bytes, {:.1} bytes per delegation (allocator rounding and free-list slack included)",
+            a.saturating_sub(b),
+            a.saturating_sub(b) as f64 / COUNT as f64
+        );
+    }
+    println!("home_memory: Home::ENTRY_BYTES = {}", Home::ENTRY_BYTES);
+    black_box(&home);
+}
+
+/// Whether the command line asks for `name`: no filter given, or a filter that is a substring.
+fn wants(name: &str) -> bool {
+    const VALUED: &[&str] = &[
+        "--warm-up-time",
+        "--measurement-time",
+        "--sample-size",
+        "--save-baseline",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--nresamples",
+        "--output-format",
+        "--color",
+        "-c",
+        "--plotting-backend",
+        "--profile-time",
+        "--format",
+    ];
+    let mut filters = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--list" {
+            return false;
+        }
+        if VALUED.contains(&a.as_str()) {
+            args.next();
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
+    filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()))
+}
+
+criterion_group!(benches, bench_requests);
+
+fn main() {
+    if wants("home_memory") {
+        home_memory();
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
