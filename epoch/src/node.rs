@@ -25,7 +25,7 @@ use crate::message::{Body, Message, Transmit};
 use crate::paxos::{Ballot, Proposer, Step, Vote};
 use crate::record::EpochRecord;
 use crate::storage::{Durable, Write};
-use crate::time::Instant;
+use crate::time::{Instant, rate_margin};
 
 /// Switches that each disable one safety rule, so tests can show the simulation notices.
 /// Only in builds with the `bug-injection` feature; every switch is off by default.
@@ -247,7 +247,11 @@ impl EpochNode {
         if !node.bugs().volatile_incarnation {
             node.write(Write::Incarnation(incarnation));
         }
-        node.remember(&current, now);
+        // Before a restart this node may have granted delegations under the current epoch, and
+        // has forgotten them: it acts as home of no key until they have surely ended, whatever
+        // timing a later epoch sets.
+        let forgotten = rate_margin(current.timing.max_delegation_lease, current.timing.clock_rate_ppm);
+        node.remember(&current, now, current.activation_wait.max(forgotten));
         // What this node announced before it stopped is forgotten: announce again to all.
         node.unaware = current.member_ids().filter(|&m| m != node.config.id).collect();
         node.request_lease(now);
@@ -348,8 +352,9 @@ impl EpochNode {
         } else if let Some(at) = self.recover_at {
             consider(at);
         }
-        // Activation, so drivers that look only on events see a new home start on time.
-        if let Some(at) = self.wake_at_fence {
+        // Activation, so drivers that look only on events see a new home start on time (only a
+        // member can become a home).
+        if let Some(at) = self.wake_at_fence.filter(|_| self.is_member()) {
             consider(at);
         }
         next
@@ -572,7 +577,7 @@ impl EpochNode {
         if let Some(previous) = self.history.back_mut() {
             previous.lease_until = self.lease.valid_until;
         }
-        self.remember(&record, now);
+        self.remember(&record, now, record.activation_wait);
         for &peer in announce {
             self.send(peer, Body::Chosen(record.clone()));
         }
@@ -584,8 +589,10 @@ impl EpochNode {
         self.settle_proposal(now);
     }
 
-    fn remember(&mut self, record: &EpochRecord, now: Instant) {
-        let wait = if self.bugs().skip_activation_wait { Duration::ZERO } else { record.activation_wait };
+    /// Adds `record`, learned (or restarted with) at `now`, to the history; its activation instant
+    /// is `now + wait`.
+    fn remember(&mut self, record: &EpochRecord, now: Instant, wait: Duration) {
+        let wait = if self.bugs().skip_activation_wait { Duration::ZERO } else { wait };
         let ring = record.ring();
         if self.history.len() == HISTORY {
             self.history.pop_front();

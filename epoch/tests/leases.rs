@@ -187,7 +187,7 @@ fn moved_key_waits(members: &[u64], extra: &[u64], proposer: u64, change: Change
     let next = change.apply(&genesis).unwrap();
     let key = find_key(|k| home(&genesis, k) == old && home(&next, k) == new);
     let mut c = settled(members, extra);
-    c.run_until(at(secs(20)));
+    c.run_until(at(secs(31))); // past the start's activation instant (30.6 s)
     assert_eq!(c.active_homes(&key), vec![old]);
 
     let again = change.clone();
@@ -208,7 +208,7 @@ fn moved_key_waits(members: &[u64], extra: &[u64], proposer: u64, change: Change
     }
     // Exactly at the boundary, on a fresh run (time only runs forward).
     let mut c = settled(members, extra);
-    c.run_until(at(secs(20)));
+    c.run_until(at(secs(31))); // past the start's activation instant (30.6 s)
     c.propose(proposer, again).unwrap();
     c.deliver_all();
     let active_from = c.event_time(new, &Event::Learned { epoch: 2 }).unwrap() + wait;
@@ -236,7 +236,9 @@ fn key_keeps_home(members: &[u64], extra: &[u64], change: Change, stays: u64) {
     let next = change.apply(&genesis).unwrap();
     let key = find_key(|k| home(&genesis, k) == stays && home(&next, k) == stays);
     let mut c = settled(members, extra);
-    c.run_until(at(ms(5_100)));
+    // Past the start's activation instant, which also waits out any delegation granted before
+    // the start: rate_margin(max_delegation_lease) with the default timing, 30.6 s.
+    c.run_until(at(ms(30_700)));
     assert!(c.node(stays).home_active(c.now, &key));
     let proposer = if stays == 2 { 3 } else { 2 };
     c.propose(proposer, change).unwrap();
@@ -386,7 +388,7 @@ fn incarnation_increases_across_restarts() {
 fn restarted_node_is_not_active_before_the_activation_wait() {
     let mut c = settled(&[1, 2, 3], &[]);
     c.propose(2, Change::SetTiming(Timing { home_lease: secs(12), ..Timing::DEFAULT })).unwrap();
-    c.run_until(at(secs(30)));
+    c.run_until(at(secs(32)));
     let record = c.node(1).current().clone();
     assert_eq!(record.number, 2);
     let wait = record.activation_wait;
@@ -395,7 +397,7 @@ fn restarted_node_is_not_active_before_the_activation_wait() {
     assert!(keys.iter().all(|k| c.node(1).home_active(c.now, k)));
 
     c.crash(1);
-    c.run_until(at(secs(31)));
+    c.run_until(at(secs(33)));
     c.restart(1);
     let restarted = c.now;
     c.deliver_all();
@@ -411,11 +413,11 @@ fn restarted_node_is_not_active_before_the_activation_wait() {
     // The exact boundary, on a fresh run (time only runs forward).
     let mut c = settled(&[1, 2, 3], &[]);
     c.propose(2, Change::SetTiming(Timing { home_lease: secs(12), ..Timing::DEFAULT })).unwrap();
-    c.run_until(at(secs(30)));
+    c.run_until(at(secs(32)));
     c.crash(1);
     c.restart(1);
-    c.run_until(at(secs(30)) + wait - Duration::from_nanos(1));
+    c.run_until(at(secs(32)) + wait - Duration::from_nanos(1));
     assert!(!c.node(1).home_active(c.now, &keys[0]));
-    c.run_until(at(secs(30)) + wait);
+    c.run_until(at(secs(32)) + wait);
     assert!(c.node(1).home_active(c.now, &keys[0]));
 }

@@ -47,7 +47,7 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
 #[test]
 fn hostile_lock_seeds_hold_every_invariant() {
     let options = LockOptions { hostile: true, ..LockOptions::default() };
-    let reports = run_lock_seeds(10_000..10_100, &options, THREADS, false);
+    let reports = run_lock_seeds(10_000..10_200, &options, THREADS, false);
     assert_clean(&reports, " --hostile");
     let refused: u64 = reports.iter().map(|r| r.stats.paused_writes_refused).sum();
     assert!(refused >= 1, "no paused client's late write was refused");
