@@ -5,13 +5,12 @@
 //! [`check::Checker`] holds the invariants against simulated real time after every event.
 
 use std::ops::Range;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub mod check;
 pub mod clock;
 pub mod locks;
 pub mod rng;
+pub mod runner;
 pub mod scenario;
 pub mod world;
 
@@ -38,27 +37,9 @@ pub fn run_seed(seed: u64, options: &Options) -> Report {
 /// `stop_at_first`, workers stop taking new seeds once one seed has failed (seeds already running
 /// finish), so the reports then end at or shortly after the first failing seed found.
 pub fn run_seeds(seeds: Range<u64>, options: &Options, threads: usize, stop_at_first: bool) -> Vec<Report> {
-    let next = AtomicU64::new(seeds.start);
-    let failed = AtomicBool::new(false);
-    let reports = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, 64) {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= seeds.end || (stop_at_first && failed.load(Ordering::Relaxed)) {
-                        break;
-                    }
-                    let report = run_seed(seed, options);
-                    if !report.violations.is_empty() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    reports.lock().unwrap_or_else(|e| e.into_inner()).push(report);
-                }
-            });
-        }
-    });
-    let mut reports = reports.into_inner().unwrap_or_else(|e| e.into_inner());
-    reports.sort_by_key(|r| r.seed);
-    reports
+    runner::run_parallel(seeds, threads, stop_at_first, |seed| {
+        let report = run_seed(seed, options);
+        let failed = !report.violations.is_empty();
+        (report, failed)
+    })
 }

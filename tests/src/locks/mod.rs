@@ -13,8 +13,6 @@
 //! ```
 
 use std::ops::Range;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub mod check;
 pub mod scenario;
@@ -88,27 +86,9 @@ pub fn run_lock_seeds(
     threads: usize,
     stop_at_first: bool,
 ) -> Vec<LockReport> {
-    let next = AtomicU64::new(seeds.start);
-    let failed = AtomicBool::new(false);
-    let reports = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, 64) {
-            s.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, Ordering::Relaxed);
-                    if seed >= seeds.end || (stop_at_first && failed.load(Ordering::Relaxed)) {
-                        break;
-                    }
-                    let report = run_lock_seed(seed, options);
-                    if !report.violations.is_empty() {
-                        failed.store(true, Ordering::Relaxed);
-                    }
-                    reports.lock().unwrap_or_else(|e| e.into_inner()).push(report);
-                }
-            });
-        }
-    });
-    let mut reports = reports.into_inner().unwrap_or_else(|e| e.into_inner());
-    reports.sort_by_key(|r| r.seed);
-    reports
+    crate::runner::run_parallel(seeds, threads, stop_at_first, |seed| {
+        let report = run_lock_seed(seed, options);
+        let failed = !report.violations.is_empty();
+        (report, failed)
+    })
 }
