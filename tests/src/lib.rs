@@ -9,6 +9,7 @@ use std::ops::Range;
 pub mod check;
 pub mod clock;
 pub mod locks;
+pub mod queue;
 pub mod rng;
 pub mod runner;
 pub mod scenario;

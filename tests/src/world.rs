@@ -6,8 +6,7 @@
 //! time), and only then do its persisted messages leave and `advance` is called. A crash loses the
 //! process, every write not yet synced, and every persisted message still waiting for one.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome_epoch::{
@@ -17,6 +16,7 @@ use keyhome_ring::NodeId;
 
 use crate::check::{Checker, Kind};
 use crate::clock::Clock;
+use crate::queue::EventQueue;
 use crate::rng::Rng;
 use crate::scenario::{Fault, Scenario};
 
@@ -26,33 +26,6 @@ pub type Real = u64;
 /// Converts a duration to simulated nanoseconds.
 pub fn nanos(d: Duration) -> Real {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-/// An event in the queue, ordered by time, then by the order it was scheduled in.
-struct Scheduled {
-    at: Real,
-    seq: u64,
-    ev: Box<Ev>,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Scheduled {}
-
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
 }
 
 #[derive(Debug)]
@@ -107,8 +80,7 @@ enum Liveness {
 /// A whole simulated cluster under one scenario.
 pub struct World {
     now: Real,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: EventQueue<Ev>,
     slots: Vec<Slot>,
     rng: Rng,
     scenario: Scenario,
@@ -144,8 +116,7 @@ impl World {
         let n = scenario.nodes;
         let mut world = World {
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::default(),
             slots,
             loss: scenario.loss,
             duplication: scenario.duplication,
@@ -170,12 +141,11 @@ impl World {
     /// Runs the scenario to its end; the checker holds what was found.
     pub fn run(&mut self) {
         let end = self.scenario.end;
-        while let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() {
+        while let Some((at, ev)) = self.queue.pop() {
             if at > end {
                 break;
             }
             self.now = at;
-            let ev = *ev;
             self.stats.events += 1;
             if self.scenario.trace {
                 println!("{:>12.6} {ev:?}", at as f64 / 1e9);
@@ -190,8 +160,7 @@ impl World {
     }
 
     fn schedule(&mut self, at: Real, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Box::new(ev) }));
+        self.queue.push(at, ev);
     }
 
     fn index(&self, id: NodeId) -> Option<usize> {

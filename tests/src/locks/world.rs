@@ -11,8 +11,7 @@
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome_delegation::{
@@ -27,6 +26,7 @@ use keyhome_ring::NodeId;
 
 use crate::check::Checker;
 use crate::clock::Clock;
+use crate::queue::EventQueue;
 use crate::rng::Rng;
 use crate::scenario::Fault;
 use crate::world::{Real, nanos};
@@ -39,29 +39,6 @@ use super::scenario::LockScenario;
 enum Wire {
     Epoch(Message),
     Deleg(DMessage),
-}
-
-struct Scheduled {
-    at: Real,
-    seq: u64,
-    ev: Box<Ev>,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        (self.at, self.seq).cmp(&(other.at, other.seq))
-    }
 }
 
 #[derive(Debug)]
@@ -137,8 +114,7 @@ struct Slot {
 /// A whole simulated cluster with delegations under one lock scenario.
 pub struct LockWorld {
     now: Real,
-    seq: u64,
-    queue: BinaryHeap<Reverse<Scheduled>>,
+    queue: EventQueue<Ev>,
     slots: Vec<Slot>,
     rng: Rng,
     pub scenario: LockScenario,
@@ -192,8 +168,7 @@ impl LockWorld {
         let base = &scenario.base;
         let mut world = LockWorld {
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::default(),
             slots,
             loss: base.loss,
             duplication: base.duplication,
@@ -248,17 +223,17 @@ impl LockWorld {
 
     /// Runs every event up to real time `end` (or the first violation).
     pub fn run_until(&mut self, end: Real) {
-        while let Some(Reverse(top)) = self.queue.peek() {
-            if top.at > end {
+        while let Some(next) = self.queue.peek_time() {
+            if next > end {
                 break;
             }
-            let Some(Reverse(Scheduled { at, ev, .. })) = self.queue.pop() else { break };
+            let Some((at, ev)) = self.queue.pop() else { break };
             self.now = at;
             self.checker.stats.events += 1;
             if self.scenario.base.trace {
                 println!("{:>12.6} {ev:?}", at as f64 / 1e9);
             }
-            self.dispatch(*ev);
+            self.dispatch(ev);
             if !self.checker.violations.is_empty() || !self.epoch_checker.violations.is_empty() {
                 self.take_epoch_violations();
                 return;
@@ -274,8 +249,7 @@ impl LockWorld {
     }
 
     fn schedule(&mut self, at: Real, ev: Ev) {
-        self.seq += 1;
-        self.queue.push(Reverse(Scheduled { at, seq: self.seq, ev: Box::new(ev) }));
+        self.queue.push(at, ev);
     }
 
     fn local(&self, i: usize) -> Instant {
