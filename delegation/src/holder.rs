@@ -543,8 +543,6 @@ impl Holder {
         e.note = note;
         if let Some(d) = e.deleg.as_mut() {
             d.unclean = false;
-        }
-        if let Some(d) = e.deleg.as_mut() {
             d.last_activity = now;
             d.active = true;
         }
@@ -1198,7 +1196,8 @@ impl Entry {
     }
 
     /// Gives the delegation back with the stored note. A delegation granted `recovered` and
-    /// never used passes the flag on. Lockers still queued ask again.
+    /// never used passes the flag on, and so does one whose last handle was taken away rather
+    /// than unlocked. Lockers still queued ask again.
     fn release(&mut self, now: Instant, io: &mut Io) {
         let Some(d) = self.deleg.take() else { return };
         let note = self.note.take();

@@ -462,8 +462,9 @@ fn recall_waits_for_the_local_holder_up_to_grace_then_revokes_and_releases() {
     let c = pending(h.lock(at(200), b"k", secs(1), secs(10), &auth));
     assert_eq!(h.try_lock(at(200), b"k", secs(1)), Err(LockError::WouldBlock));
     assert!(sent(&mut h).is_empty());
-    // The grace (1 s) runs out: revoke, release without a note (the holder was revoked), then the
-    // queued locker asks again and queues at the home.
+    // The grace (1 s) runs out: revoke, release without a note and flagged `recovered` (the
+    // revoked holder may have written without leaving one), then the queued locker asks again
+    // and queues at the home.
     tick(&mut h, &auth, at(1_100) - NS);
     assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
     tick(&mut h, &auth, at(1_100));
@@ -473,7 +474,7 @@ fn recall_waits_for_the_local_holder_up_to_grace_then_revokes_and_releases() {
     );
     let out = sent(&mut h);
     assert_eq!(out.len(), 2, "{out:?}");
-    assert_eq!(out[0], (HOME, release(grantee(1), None, false)));
+    assert_eq!(out[0], (HOME, release(grantee(1), None, true)));
     let again = as_request(out[1].0, out[1].1.clone());
     assert_eq!((again.to, again.held, again.wait), (HOME, None, ms(9_100)));
     // The revoked handle's next use fails, once.
@@ -495,13 +496,45 @@ fn recall_releases_at_a_clean_unlock_with_the_latest_note() {
     h.handle_message(at(100), HOME, recall(b"k", grantee(1)), &auth);
     assert!(sent(&mut h).is_empty());
     h.unlock(at(300), b.id, Some(b"n2".to_vec())).unwrap();
-    let release = one_release(&mut h);
-    assert_eq!(release, (HOME, b"k".to_vec(), grantee(1), Some(b"n2".to_vec())), "the latest unlock's note");
+    let release = one_release_flagged(&mut h);
+    assert_eq!(
+        release,
+        (HOME, b"k".to_vec(), grantee(1), Some(b"n2".to_vec()), false),
+        "the latest unlock's note, clean"
+    );
     assert!(events(&mut h).is_empty(), "nothing revoked");
     assert_eq!(h.delegation(at(300), b"k"), None);
     // Nothing wants the key: no request follows.
     tick(&mut h, &auth, at(300));
     assert!(sent(&mut h).is_empty());
+}
+
+#[test]
+fn a_handle_taken_away_makes_the_next_release_recovered_until_a_clean_unlock() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    h.unlock(at(10), a.id, Some(b"n1".to_vec())).unwrap();
+    // A handle outlives its ttl: it may have written without leaving a note.
+    let b = locked(h.lock(at(20), b"k", ms(100), secs(5), &auth));
+    tick(&mut h, &auth, at(120));
+    assert_eq!(
+        events(&mut h),
+        vec![Event::Revoked { handle: b.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
+    );
+    tick(&mut h, &auth, at(2_120));
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), None, true));
+    // Same again, but a later handle unlocks cleanly: the release is clean, with its note.
+    let (c, _) = acquire(&mut h, &auth, at(3_000), b"k", 2);
+    h.unlock(at(3_010), c.id, None).unwrap();
+    let d = locked(h.lock(at(3_020), b"k", ms(10), secs(5), &auth));
+    tick(&mut h, &auth, at(3_030));
+    assert_eq!(events(&mut h).len(), 1, "d expired");
+    let e = locked(h.lock(at(3_040), b"k", secs(1), secs(5), &auth));
+    assert!(e.token > d.token);
+    h.unlock(at(3_050), e.id, Some(b"n3".to_vec())).unwrap();
+    tick(&mut h, &auth, at(5_050));
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(2), Some(b"n3".to_vec()), false));
 }
 
 #[test]
