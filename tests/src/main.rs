@@ -100,8 +100,13 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     Ok(parsed)
 }
 
+/// The command that replays `seed` with the options of this run.
 fn replay_command(seed: u64, args: &Args) -> String {
-    let mut cmd = format!("cargo run --release -p keyhome-sim -- --seed {seed}");
+    let mut cmd = String::from("cargo run --release -p keyhome-sim --");
+    if args.locks {
+        cmd += " --locks";
+    }
+    cmd += &format!(" --seed {seed}");
     if let Some(m) = args.options.members {
         cmd += &format!(" --members {m}");
     }
@@ -111,7 +116,31 @@ fn replay_command(seed: u64, args: &Args) -> String {
     if let Some(b) = &args.bug {
         cmd += &format!(" --bug {b}");
     }
+    if let Some(b) = &args.lock_bug {
+        cmd += &format!(" --lock-bug {b}");
+    }
     cmd
+}
+
+/// Lists the first failing seeds (`(seed, first violation)`) with their replay commands, then
+/// prints the last line, `seeds: N violations: V rate: R seeds/s`.
+fn conclude(
+    args: &Args,
+    seeds: usize,
+    violations: usize,
+    failed: &[(u64, String)],
+    elapsed: f64,
+) -> ExitCode {
+    for (seed, violation) in failed.iter().take(20) {
+        println!("seed {seed} FAILED: {violation}");
+        println!("  replay: {}", replay_command(*seed, args));
+    }
+    if failed.len() > 20 {
+        println!("... and {} more failed seeds", failed.len() - 20);
+    }
+    let rate = seeds as f64 / elapsed.max(1e-9);
+    println!("seeds: {seeds} violations: {violations} rate: {rate:.0} seeds/s");
+    if violations == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -136,14 +165,6 @@ fn main() -> ExitCode {
     let reports = run_seeds(args.start..args.start + args.count, &args.options, args.threads, false);
     let elapsed = started.elapsed().as_secs_f64();
 
-    let failed: Vec<&Report> = reports.iter().filter(|r| !r.violations.is_empty()).collect();
-    for r in failed.iter().take(20) {
-        println!("seed {} FAILED: {}", r.seed, r.violations[0]);
-        println!("  replay: {}", replay_command(r.seed, &args));
-    }
-    if failed.len() > 20 {
-        println!("... and {} more failed seeds", failed.len() - 20);
-    }
     if args.single || args.stats {
         let mut latencies: Vec<Duration> =
             reports.iter().flat_map(|r| r.stats.change_latencies.clone()).collect();
@@ -166,10 +187,10 @@ fn main() -> ExitCode {
             latencies.last().copied().unwrap_or_default()
         );
     }
-    let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
-    let rate = reports.len() as f64 / elapsed.max(1e-9);
-    println!("seeds: {} violations: {} rate: {:.0} seeds/s", reports.len(), violations, rate);
-    if violations == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    let violations = reports.iter().map(|r| r.violations.len()).sum();
+    let failed: Vec<(u64, String)> =
+        reports.iter().filter_map(|r| Some((r.seed, r.violations.first()?.to_string()))).collect();
+    conclude(&args, reports.len(), violations, &failed, elapsed)
 }
 
 /// `--locks`: the delegation simulation, with the same last line.
@@ -188,24 +209,6 @@ fn locks_main(args: &Args) -> ExitCode {
     let started = Instant::now();
     let reports = run_lock_seeds(args.start..args.start + args.count, &options, args.threads, false);
     let elapsed = started.elapsed().as_secs_f64();
-    let failed: Vec<&LockReport> = reports.iter().filter(|r| !r.violations.is_empty()).collect();
-    for r in failed.iter().take(20) {
-        println!("seed {} FAILED: {}", r.seed, r.violations[0]);
-        let mut cmd = format!("cargo run --release -p keyhome-sim -- --locks --seed {}", r.seed);
-        if let Some(m) = args.options.members {
-            cmd += &format!(" --members {m}");
-        }
-        if args.options.hostile {
-            cmd += " --hostile";
-        }
-        if let Some(b) = &args.lock_bug {
-            cmd += &format!(" --lock-bug {b}");
-        }
-        println!("  replay: {cmd}");
-    }
-    if failed.len() > 20 {
-        println!("... and {} more failed seeds", failed.len() - 20);
-    }
     if args.single || args.stats {
         let sum = |f: fn(&LockReport) -> u64| reports.iter().map(f).sum::<u64>();
         println!(
@@ -220,19 +223,18 @@ fn locks_main(args: &Args) -> ExitCode {
             sum(|r| r.stats.epoch_messages),
         );
         println!(
-            "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} revoked-not-recovered: {} probes ok: {}",
+            "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} probes ok: {}",
             sum(|r| r.stats.writes_accepted),
             sum(|r| r.stats.writes_refused),
             sum(|r| r.stats.paused_writes_refused),
             sum(|r| r.stats.pauses),
             sum(|r| r.stats.notes_delivered),
             sum(|r| r.stats.recovered),
-            sum(|r| r.stats.revoked_not_recovered),
             sum(|r| r.stats.probes_ok),
         );
     }
-    let violations: usize = reports.iter().map(|r| r.violations.len()).sum();
-    let rate = reports.len() as f64 / elapsed.max(1e-9);
-    println!("seeds: {} violations: {} rate: {:.0} seeds/s", reports.len(), violations, rate);
-    if violations == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    let violations = reports.iter().map(|r| r.violations.len()).sum();
+    let failed: Vec<(u64, String)> =
+        reports.iter().filter_map(|r| Some((r.seed, r.violations.first()?.to_string()))).collect();
+    conclude(args, reports.len(), violations, &failed, elapsed)
 }

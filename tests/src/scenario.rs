@@ -133,7 +133,90 @@ pub struct Scenario {
     pub keys: Vec<Vec<u8>>,
 }
 
-fn ms(n: u64) -> Real {
+/// Where faults may fall in a run: its fault phase, and the instants operators propose changes
+/// at (crashes and partitions cluster there, where they hurt most).
+pub struct Chaos<'a> {
+    /// End of the fault phase.
+    pub end: Real,
+    pub proposals: &'a [Real],
+}
+
+impl Chaos<'_> {
+    /// A crash of `node` and, when it falls in the fault phase, its restart. With probability
+    /// `near` the crash strikes within 10 ms after a proposal and lasts `short`; otherwise it
+    /// strikes anywhere and lasts `long` (nanosecond ranges).
+    pub fn crash(
+        &self,
+        rng: &mut Rng,
+        node: usize,
+        near: f64,
+        short: (Real, Real),
+        long: (Real, Real),
+    ) -> Vec<Fault> {
+        let (at, down) = match rng.pick(self.proposals) {
+            Some(t) if rng.chance(near) => (t + rng.range(0, ms(10)), rng.range(short.0, short.1)),
+            _ => (rng.range(0, self.end), rng.range(long.0, long.1)),
+        };
+        let mut faults = vec![Fault::Crash { at, node }];
+        if at + down < self.end {
+            faults.push(Fault::Restart { at: at + down, node });
+        }
+        faults
+    }
+
+    /// A partition of `nodes` into two non-empty random sides (one-way with probability 0.3),
+    /// healed after `lasts` (a nanosecond range) or at the end of the fault phase. Half of them
+    /// strike within 20 ms after a proposal.
+    pub fn partition(&self, rng: &mut Rng, nodes: usize, lasts: (Real, Real)) -> [Fault; 2] {
+        let at = match rng.pick(self.proposals) {
+            Some(t) if rng.chance(0.5) => t + rng.range(0, ms(20)),
+            _ => rng.range(0, self.end),
+        };
+        let mut side: Vec<bool> = (0..nodes).map(|_| rng.chance(0.5)).collect();
+        if side.iter().all(|&s| s) || side.iter().all(|&s| !s) {
+            side[0] = !side[0];
+        }
+        let partition = Fault::Partition { at, side, one_way: rng.chance(0.3) };
+        [partition, Fault::HealPartition { at: (at + rng.range(lasts.0, lasts.1)).min(self.end) }]
+    }
+}
+
+/// Which directed links drop everything, as partitions leave them.
+#[derive(Clone, Debug)]
+pub struct Links {
+    /// `cut[from][to]`.
+    cut: Vec<Vec<bool>>,
+}
+
+impl Links {
+    pub fn new(nodes: usize) -> Links {
+        Links { cut: vec![vec![false; nodes]; nodes] }
+    }
+
+    /// Whether messages from `from` to `to` are lost.
+    pub fn is_cut(&self, from: usize, to: usize) -> bool {
+        self.cut[from][to]
+    }
+
+    /// Cuts every link between the two sides (with `one_way`, only from the `true` side), in
+    /// addition to what is cut already.
+    pub fn partition(&mut self, side: &[bool], one_way: bool) {
+        for (a, row) in self.cut.iter_mut().enumerate() {
+            for (b, cell) in row.iter_mut().enumerate() {
+                if side[a] != side[b] && (!one_way || side[a]) {
+                    *cell = true;
+                }
+            }
+        }
+    }
+
+    /// Restores every link.
+    pub fn heal(&mut self) {
+        self.cut.iter_mut().for_each(|row| row.fill(false));
+    }
+}
+
+pub(crate) fn ms(n: u64) -> Real {
     n * 1_000_000
 }
 
@@ -174,31 +257,14 @@ impl Scenario {
                 faults.push(Fault::Propose { at: at + rng.range(0, ms(3)), node: other });
             }
         }
+        let phase = Chaos { end: chaos, proposals: &proposal_times };
         for node in 0..nodes {
             for _ in 0..rng.range(0, 2) {
-                // Some crashes strike while a change is being decided, and are short.
-                let (at, down) = match rng.pick(&proposal_times) {
-                    Some(t) if rng.chance(0.4) => (t + rng.range(0, ms(10)), rng.range(ms(1), ms(100))),
-                    _ => (rng.range(0, chaos), rng.range(ms(20), ms(1500))),
-                };
-                faults.push(Fault::Crash { at, node });
-                if at + down < chaos {
-                    faults.push(Fault::Restart { at: at + down, node });
-                }
+                faults.extend(phase.crash(&mut rng, node, 0.4, (ms(1), ms(100)), (ms(20), ms(1500))));
             }
         }
         for _ in 0..rng.range(0, 3) {
-            // Half the partitions strike just after a proposal, where they hurt most.
-            let at = match rng.pick(&proposal_times) {
-                Some(t) if rng.chance(0.5) => t + rng.range(0, ms(20)),
-                _ => rng.range(0, chaos),
-            };
-            let mut side: Vec<bool> = (0..nodes).map(|_| rng.chance(0.5)).collect();
-            if side.iter().all(|&s| s) || side.iter().all(|&s| !s) {
-                side[0] = !side[0];
-            }
-            faults.push(Fault::Partition { at, side, one_way: rng.chance(0.3) });
-            faults.push(Fault::HealPartition { at: (at + rng.range(ms(50), ms(1500))).min(chaos) });
+            faults.extend(phase.partition(&mut rng, nodes, (ms(50), ms(1500))));
         }
         faults.push(Fault::Heal { at: chaos });
         faults.push(Fault::LivenessPropose { at: chaos + ms(300) });

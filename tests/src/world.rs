@@ -18,7 +18,7 @@ use crate::check::{Checker, Kind};
 use crate::clock::Clock;
 use crate::queue::EventQueue;
 use crate::rng::Rng;
-use crate::scenario::{Fault, Scenario};
+use crate::scenario::{Fault, Links, Scenario};
 
 /// Simulated real time, in nanoseconds.
 pub type Real = u64;
@@ -84,8 +84,7 @@ pub struct World {
     slots: Vec<Slot>,
     rng: Rng,
     scenario: Scenario,
-    /// Directed links that drop everything: `blocked[from][to]`.
-    blocked: Vec<Vec<bool>>,
+    links: Links,
     /// Network faults in force (zero after healing).
     loss: f64,
     duplication: f64,
@@ -122,7 +121,7 @@ impl World {
             duplication: scenario.duplication,
             lose_chosen: scenario.lose_chosen,
             crash_after_vote: scenario.crash_after_vote,
-            blocked: vec![vec![false; n]; n],
+            links: Links::new(n),
             checker: Checker::new(n, &scenario),
             rng,
             scenario,
@@ -176,7 +175,7 @@ impl World {
         match ev {
             Ev::Deliver { from, to, message } => {
                 let (Some(f), Some(t)) = (self.index(from), self.index(to)) else { return };
-                if self.blocked[f][t] {
+                if self.links.is_cut(f, t) {
                     return;
                 }
                 let now = self.local(t);
@@ -372,22 +371,14 @@ impl World {
                     self.start(node);
                 }
             }
-            Fault::Partition { ref one_way, ref side, .. } => {
-                for (a, row) in self.blocked.iter_mut().enumerate() {
-                    for (b, cell) in row.iter_mut().enumerate() {
-                        if side[a] != side[b] && (!one_way || side[a]) {
-                            *cell = true;
-                        }
-                    }
-                }
-            }
-            Fault::HealPartition { .. } => self.blocked.iter_mut().for_each(|row| row.fill(false)),
+            Fault::Partition { ref side, one_way, .. } => self.links.partition(side, one_way),
+            Fault::HealPartition { .. } => self.links.heal(),
             Fault::Propose { node, .. } => {
                 let change = self.random_change();
                 self.propose(node, change);
             }
             Fault::Heal { .. } => {
-                self.blocked.iter_mut().for_each(|row| row.fill(false));
+                self.links.heal();
                 self.loss = 0.0;
                 self.duplication = 0.0;
                 self.lose_chosen = 0.0;

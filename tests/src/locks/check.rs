@@ -102,9 +102,6 @@ pub struct LockStats {
     /// First admissions of a new delegation carrying the predecessor's note, and flagged recovered.
     pub notes_delivered: u64,
     pub recovered: u64,
-    /// Delegations whose predecessor's handle was revoked after a recall, yet not flagged
-    /// `recovered` (the holder's release cannot say so; see the report).
-    pub revoked_not_recovered: u64,
     pub probes_ok: u64,
 }
 
@@ -198,17 +195,18 @@ impl LockChecker {
         }
         self.max_token[key] = Some(self.max_token[key].map_or(token, |m| m.max(token)));
         // 6. The handoff: the first admission of a new delegation carries the predecessor's note
-        // unless it is flagged recovered, and must be flagged after an expiry.
+        // unless it is flagged recovered, and must be flagged after an expiry or after a handle
+        // that was taken away (it may have written without leaving a note).
         let grantee = Grantee { epoch: token.epoch, incarnation: token.incarnation, counter: token.counter };
         let previous = self.last[key].map(|p| &self.admissions[p]);
         if previous.is_none_or(|p| p.grantee() != grantee) {
             // The predecessor's delegation ended by expiry if its holder never released it.
             let expired = previous.is_some_and(|p| !self.released.contains_key(&(key, p.grantee())));
-            let (expected, unclean, revoked) = match previous.map(|p| p.end) {
-                None => (None, false, false),
-                Some(Some((_, End::Unlock(n)))) => (n, expired, false),
-                Some(Some((_, End::Recalled | End::Expired { .. }))) => (None, expired, !expired),
-                Some(Some((_, End::Crash))) | Some(None) => (None, expired, false),
+            let (expected, unclean) = match previous.map(|p| p.end) {
+                None => (None, false),
+                Some(Some((_, End::Unlock(n)))) => (n, expired),
+                Some(Some((_, End::Recalled | End::Expired { .. }))) => (None, true),
+                Some(Some((_, End::Crash))) | Some(None) => (None, expired),
             };
             if recovered {
                 self.stats.recovered += 1;
@@ -227,9 +225,6 @@ impl LockChecker {
             } else {
                 if note.is_some() {
                     self.stats.notes_delivered += 1;
-                }
-                if revoked {
-                    self.stats.revoked_not_recovered += 1;
                 }
             }
         }

@@ -7,7 +7,7 @@ use keyhome_epoch::{EpochRecord, Member, Timing};
 use keyhome_ring::NodeId;
 
 use crate::rng::Rng;
-use crate::scenario::{Fault, Scenario};
+use crate::scenario::{Chaos, Fault, Scenario, ms};
 use crate::world::{Real, nanos};
 
 use super::LockOptions;
@@ -60,10 +60,6 @@ pub struct LockScenario {
     pub extreme_clocks: bool,
 }
 
-fn ms(n: u64) -> Real {
-    n * 1_000_000
-}
-
 impl LockScenario {
     pub fn generate(seed: u64, options: &LockOptions) -> LockScenario {
         let mut rng = Rng::new(seed ^ 0x10c5_5eed);
@@ -86,29 +82,14 @@ impl LockScenario {
             faults.push(Fault::Propose { at, node });
             proposal_times.push(at);
         }
+        let phase = Chaos { end: chaos, proposals: &proposal_times };
         for node in 0..nodes {
             if rng.chance(if options.hostile { 0.6 } else { 0.35 }) {
-                let (at, down) = match rng.pick(&proposal_times) {
-                    Some(t) if rng.chance(0.3) => (t + rng.range(0, ms(10)), rng.range(ms(1), ms(60))),
-                    _ => (rng.range(0, chaos), rng.range(ms(5), ms(500))),
-                };
-                faults.push(Fault::Crash { at, node });
-                if at + down < chaos {
-                    faults.push(Fault::Restart { at: at + down, node });
-                }
+                faults.extend(phase.crash(&mut rng, node, 0.3, (ms(1), ms(60)), (ms(5), ms(500))));
             }
         }
         for _ in 0..rng.range(0, 2) {
-            let at = match rng.pick(&proposal_times) {
-                Some(t) if rng.chance(0.5) => t + rng.range(0, ms(20)),
-                _ => rng.range(0, chaos),
-            };
-            let mut side: Vec<bool> = (0..nodes).map(|_| rng.chance(0.5)).collect();
-            if side.iter().all(|&s| s) || side.iter().all(|&s| !s) {
-                side[0] = !side[0];
-            }
-            faults.push(Fault::Partition { at, side, one_way: rng.chance(0.3) });
-            faults.push(Fault::HealPartition { at: (at + rng.range(ms(30), ms(600))).min(chaos) });
+            faults.extend(phase.partition(&mut rng, nodes, (ms(30), ms(600))));
         }
         faults.push(Fault::Heal { at: chaos });
 

@@ -28,7 +28,7 @@ use crate::check::Checker;
 use crate::clock::Clock;
 use crate::queue::EventQueue;
 use crate::rng::Rng;
-use crate::scenario::Fault;
+use crate::scenario::{Fault, Links};
 use crate::world::{Real, nanos};
 
 use super::check::{End, LockChecker, LockKind, revoked};
@@ -118,7 +118,7 @@ pub struct LockWorld {
     slots: Vec<Slot>,
     rng: Rng,
     pub scenario: LockScenario,
-    blocked: Vec<Vec<bool>>,
+    links: Links,
     loss: f64,
     duplication: f64,
     lose_chosen: f64,
@@ -175,7 +175,7 @@ impl LockWorld {
             lose_chosen: base.lose_chosen,
             crash_after_vote: base.crash_after_vote,
             reorder: base.reorder,
-            blocked: vec![vec![false; n]; n],
+            links: Links::new(n),
             epoch_checker: Checker::new(n, base),
             checker: LockChecker::new(base.keys.len()),
             rng,
@@ -286,7 +286,7 @@ impl LockWorld {
         };
         match ev {
             Ev::Deliver { from, to, wire } => {
-                if self.blocked[from][to] {
+                if self.links.is_cut(from, to) {
                     return;
                 }
                 let now = self.local(to);
@@ -646,16 +646,8 @@ impl LockWorld {
                     self.start(node);
                 }
             }
-            Fault::Partition { ref one_way, ref side, .. } => {
-                for (a, row) in self.blocked.iter_mut().enumerate() {
-                    for (b, cell) in row.iter_mut().enumerate() {
-                        if side[a] != side[b] && (!one_way || side[a]) {
-                            *cell = true;
-                        }
-                    }
-                }
-            }
-            Fault::HealPartition { .. } => self.blocked.iter_mut().for_each(|row| row.fill(false)),
+            Fault::Partition { ref side, one_way, .. } => self.links.partition(side, one_way),
+            Fault::HealPartition { .. } => self.links.heal(),
             Fault::Propose { node, .. } => {
                 let change = self.random_change();
                 let now = self.local(node);
@@ -668,7 +660,7 @@ impl LockWorld {
                 }
             }
             Fault::Heal { .. } => {
-                self.blocked.iter_mut().for_each(|row| row.fill(false));
+                self.links.heal();
                 self.loss = 0.0;
                 self.duplication = 0.0;
                 self.lose_chosen = 0.0;
