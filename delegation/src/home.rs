@@ -54,7 +54,9 @@
 //!
 //! The new home *adopts* the handed state when the Handover carries its own current epoch `e`,
 //! it is the key's home under `e`, the sender was the key's home under `e − 1`
-//! ([`Authority::previous_home_of`]), and it has no record of the key. It keeps the handed
+//! ([`Authority::previous_home_of`]), it has no record of the key, and it is not yet
+//! [`Authority::home_active`] for the key (once it is, it may have granted and forgotten the key
+//! since the Handover left: the handed state is stale, and not needed). It keeps the handed
 //! delegation until `receipt + rate_margin(remaining, ppm)` (the remaining time was measured on
 //! the old home's clock), and may grant the key as soon as that delegation ends or is released,
 //! **without waiting for [`Authority::home_active`]**: for adopted keys it checks only that it
@@ -115,20 +117,31 @@
 //!
 //! # Memory
 //!
-//! Per key with a live delegation and nobody waiting: one hash-map slot (the key as `Arc<[u8]>`,
-//! 16 bytes, an entry of [`Home::ENTRY_BYTES`] = 80 bytes, one control byte, in a table between
-//! 7/16 and 7/8 full), one timer-heap slot of 24 bytes (in a `Vec` at most half empty), and the
-//! key's own allocation (16 bytes of reference counts plus the key bytes). At 100 000 delegations
-//! with 16-byte keys the test `memory_per_live_delegation` (in `tests/home.rs`, counting every
-//! allocation) measures 190 bytes per delegation, 174 without the key bytes;
-//! [`Home::memory_estimate`] computes the same from capacities. A table just past a doubling
-//! costs up to about 100 bytes more per delegation, just before one about 25 bytes less.
-//! Waiters (40 bytes each, plus a 48-byte queue) and notes are allocated only while present.
+//! Every key the home keeps state for is stored once, in a slot of a slab: [`Home::ENTRY_BYTES`]
+//! = 96 bytes, the key's state and the pointer to its bytes, which are one allocation of the
+//! key's length. The slab grows 1 024 slots at a time and never moves a slot; freed slots are
+//! reused. An index maps the key's hash (std's `RandomState`, keyed by the OS: keys come from the
+//! network) to its slot number: 4 bytes and a control byte per bucket, at most 7/8 full. The
+//! timer heap names keys by slot number too: 16 bytes per wake-up, in a `Vec` at most half empty.
+//!
+//! So a key with a live delegation and nobody waiting costs 96 bytes of slot, its own bytes, 16
+//! to 32 bytes of timer heap and 5.7 to 11.4 bytes of index, depending on where the count sits
+//! between doublings: with 16-byte keys, between about 136 and 156 bytes at any count (plus the
+//! unused part of the last 96 KiB chunk). The bench `home_grant` (`home_memory`, counting every
+//! allocation) measures 136.5 bytes per delegation at 900 000 live delegations, 139.3 at a
+//! million and 148.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
+//! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
+//! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
+//! capacities. Waiters (40 bytes each, plus a 40-byte queue), notes and handovers in progress are
+//! allocated only while present. Neither the slab nor the index shrinks when keys go.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::sync::Arc;
+use std::hash::{BuildHasher, RandomState};
+use std::ops::Deref;
 use std::time::Duration;
+
+use hashbrown::HashTable;
 
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
@@ -209,8 +222,176 @@ pub enum KeyStatus {
     LockDelay { until: Instant },
 }
 
-/// The key as the home stores it: one allocation shared by the map and the timer heap.
-type KeyRef = Arc<[u8]>;
+/// Slots per chunk of the slab in [`Keys`].
+const CHUNK: usize = 1024;
+
+/// The keys a home keeps state for, each stored once: a slab of [`Slot`]s numbered by `u32`, and
+/// an index from the hash of a key to its slot number. A key keeps its slot number for as long as
+/// the home keeps state for it, so the timer heap and the handovers in progress name keys by it.
+///
+/// The slab grows a chunk of [`CHUNK`] slots at a time: it never moves a slot, and wastes at most
+/// one partly used chunk. Freed slots are reused before it grows; it never shrinks (nor did the
+/// hash map it replaces).
+#[derive(Debug)]
+struct Keys {
+    /// Keyed by randomness from the OS: keys come from the network.
+    hasher: RandomState,
+    /// The slot number of every key with state, by the hash of the key. The index only grows
+    /// (and so re-hashes every key it holds) in [`Keys::restore`], when every slot is in place.
+    index: HashTable<u32>,
+    /// [`CHUNK`] slots each, except the last (which, while it is the only one, grows as a `Vec`
+    /// does). `None`: free, or taken out for processing (see [`Keys::take`]).
+    chunks: Vec<Vec<Option<Slot>>>,
+    /// Free slot numbers, reused last freed first.
+    free: Vec<u32>,
+}
+
+/// A key with state, and the state.
+#[derive(Debug)]
+struct Slot {
+    key: Box<[u8]>,
+    entry: Entry,
+}
+
+/// A key taken out of [`Keys`] for processing: its slot stays reserved for it until
+/// [`Keys::restore`] puts it back or [`Keys::remove`] frees it. Dereferences to the key.
+#[derive(Debug)]
+struct KeyRef {
+    slot: u32,
+    hash: u64,
+    /// Whether the index already finds the slot; `false` for a key being created.
+    indexed: bool,
+    key: Box<[u8]>,
+}
+
+impl Deref for KeyRef {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.key
+    }
+}
+
+/// A key's hash and, if the home keeps state for it, its slot.
+#[derive(Clone, Copy, Debug)]
+struct Found {
+    hash: u64,
+    slot: Option<u32>,
+}
+
+impl Keys {
+    fn new() -> Keys {
+        Keys { hasher: RandomState::new(), index: HashTable::new(), chunks: Vec::new(), free: Vec::new() }
+    }
+
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn slot(chunks: &[Vec<Option<Slot>>], n: u32) -> Option<&Slot> {
+        let n = n as usize;
+        chunks.get(n / CHUNK)?.get(n % CHUNK)?.as_ref()
+    }
+
+    fn slot_mut(&mut self, n: u32) -> &mut Option<Slot> {
+        let n = n as usize;
+        &mut self.chunks[n / CHUNK][n % CHUNK]
+    }
+
+    /// Hashes `key` and finds its slot (one that is in place).
+    fn find(&self, key: &[u8]) -> Found {
+        let hash = self.hash(key);
+        let chunks = &self.chunks;
+        let slot = self.index.find(hash, |&n| Keys::slot(chunks, n).is_some_and(|s| *s.key == *key)).copied();
+        Found { hash, slot }
+    }
+
+    /// The state of the key in slot `n`, if it is in place.
+    fn entry(&self, n: u32) -> Option<&Entry> {
+        Keys::slot(&self.chunks, n).map(|s| &s.entry)
+    }
+
+    fn get(&self, key: &[u8]) -> Option<&Entry> {
+        self.entry(self.find(key).slot?)
+    }
+
+    /// Number of keys with state (one taken out for processing included, unless being created).
+    fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Number of slots, free or not: slot numbers are below it.
+    fn slots(&self) -> u32 {
+        // Every chunk but the last is full.
+        let n = self.chunks.last().map_or(0, |last| (self.chunks.len() - 1) * CHUNK + last.len());
+        u32::try_from(n).expect("fewer than 2^32 slots")
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.chunks.iter().flatten().flatten()
+    }
+
+    /// Takes slot `n` out for processing, if it holds a key (whose hash is `hash`, if known).
+    fn take(&mut self, n: u32, hash: Option<u64>) -> Option<(KeyRef, Entry)> {
+        let Slot { key, entry } =
+            self.chunks.get_mut(n as usize / CHUNK)?.get_mut(n as usize % CHUNK)?.take()?;
+        let hash = hash.unwrap_or_else(|| self.hash(&key));
+        Some((KeyRef { slot: n, hash, indexed: true, key }, entry))
+    }
+
+    /// Reserves a slot for `key`, which has no state (its hash is `hash`).
+    fn create(&mut self, hash: u64, key: Box<[u8]>) -> KeyRef {
+        let slot = match self.free.pop() {
+            Some(n) => n,
+            None => {
+                let n = self.slots();
+                match self.chunks.last_mut() {
+                    Some(chunk) if chunk.len() < CHUNK => chunk.push(None),
+                    Some(_) => {
+                        let mut chunk = Vec::with_capacity(CHUNK);
+                        chunk.push(None);
+                        self.chunks.push(chunk);
+                    }
+                    // The first chunk grows as a `Vec` does, so a small home stays small.
+                    None => self.chunks.push(vec![None]),
+                }
+                n
+            }
+        };
+        KeyRef { slot, hash, indexed: false, key }
+    }
+
+    /// Puts a taken or created key back with its state.
+    fn restore(&mut self, key: KeyRef, entry: Entry) {
+        let KeyRef { slot, hash, indexed, key } = key;
+        *self.slot_mut(slot) = Some(Slot { key, entry });
+        if !indexed {
+            let (chunks, hasher) = (&self.chunks, &self.hasher);
+            self.index.insert_unique(hash, slot, |&n| {
+                let s = Keys::slot(chunks, n).expect("every slot is in place when the index grows");
+                hasher.hash_one(&*s.key)
+            });
+        }
+    }
+
+    /// Forgets a taken or created key: frees its slot.
+    fn remove(&mut self, key: KeyRef) {
+        if key.indexed
+            && let Ok(entry) = self.index.find_entry(key.hash, |&n| n == key.slot)
+        {
+            entry.remove();
+        }
+        self.free.push(key.slot);
+    }
+
+    /// Heap bytes of the index and the slab.
+    fn allocation_size(&self) -> usize {
+        self.index.allocation_size()
+            + self.chunks.capacity() * size_of::<Vec<Option<Slot>>>()
+            + self.chunks.iter().map(|c| c.capacity() * size_of::<Option<Slot>>()).sum::<usize>()
+            + self.free.capacity() * size_of::<u32>()
+    }
+}
 
 /// A queued request.
 #[derive(Clone, Copy, Debug)]
@@ -328,11 +509,13 @@ pub struct Home {
     epoch: Option<u64>,
     /// Last grant counter handed out in this run.
     counter: u64,
-    keys: HashMap<KeyRef, Entry>,
-    moving: HashMap<KeyRef, Moving>,
-    /// Wake-ups, earliest first. May hold stale entries (for keys since dropped, or superseded by
-    /// an earlier one); each is popped once and costs one look-up.
-    timers: BinaryHeap<Reverse<(Instant, KeyRef)>>,
+    keys: Keys,
+    /// Handovers in progress, by slot number in `keys`.
+    moving: HashMap<u32, Moving>,
+    /// Wake-ups, earliest first, by slot number in `keys`. May hold stale entries (for keys since
+    /// dropped, whose slot may since hold another key, or superseded by an earlier one); each is
+    /// popped once and costs at most one early [`Home::service`], which is harmless.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
     counts: Counts,
     out: VecDeque<(NodeId, Message)>,
 }
@@ -346,7 +529,7 @@ impl Home {
             started: now,
             epoch: None,
             counter: 0,
-            keys: HashMap::new(),
+            keys: Keys::new(),
             moving: HashMap::new(),
             timers: BinaryHeap::new(),
             counts: Counts::default(),
@@ -390,8 +573,8 @@ impl Home {
         while let Some(Reverse((at, _))) = self.timers.peek()
             && *at <= now
         {
-            let Some(Reverse((_, key))) = self.timers.pop() else { break };
-            let Some((key, mut e)) = self.take(&key) else { continue };
+            let Some(Reverse((_, slot))) = self.timers.pop() else { break };
+            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
             if e.wake <= now {
                 e.wake = NEVER;
             }
@@ -430,14 +613,14 @@ impl Home {
             return;
         }
         let consecutive = new.checked_sub(1) == Some(old);
-        let keys: Vec<KeyRef> = self.keys.keys().cloned().collect();
-        for key in keys {
-            let Some((key, mut e)) = self.take(&key) else { continue };
+        // In slot order, so the messages leave in an order that depends only on the inputs.
+        for slot in 0..self.keys.slots() {
+            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
             let home = auth.home_of(&key);
             let authoritative = consecutive && matches!(e.role, Role::Home | Role::Adopted);
             if home == Some(self.config.id) {
                 if !authoritative {
-                    self.moving.remove(&key);
+                    self.moving.remove(&key.slot);
                     e.role = Role::Stale;
                     forget_record(&mut e);
                 }
@@ -447,10 +630,10 @@ impl Home {
                     Some(to) if authoritative => {
                         e.role = Role::Moved;
                         let moving = Moving { to, epoch: new, next_send: now, sends: 0 };
-                        self.moving.insert(key.clone(), moving);
+                        self.moving.insert(key.slot, moving);
                     }
                     _ => {
-                        self.moving.remove(&key);
+                        self.moving.remove(&key.slot);
                         e.role = Role::Tracking;
                         forget_record(&mut e);
                         if matches!(e.phase, Phase::Delay { .. }) {
@@ -544,34 +727,38 @@ impl Home {
 
     /// The new home `key` is being handed over to, while the handover is unacknowledged.
     pub fn handing_over(&self, key: &[u8]) -> Option<NodeId> {
-        self.moving.get(key).map(|m| m.to)
+        self.moving.get(&self.keys.find(key).slot?).map(|m| m.to)
     }
 
-    /// An estimate of the heap bytes the home's per-key state occupies: table capacities times
-    /// entry sizes, plus key, waiter and note allocations. Walks every key.
+    /// An estimate of the heap bytes the home's per-key state occupies: the index, slab, timer
+    /// heap and handover table from their capacities, plus key, waiter and note allocations.
+    /// Walks every key.
     pub fn memory_estimate(&self) -> usize {
-        let buckets = (self.keys.capacity() * 8 / 7).next_power_of_two();
-        let table = buckets * (std::mem::size_of::<(KeyRef, Entry)>() + 1);
-        let heap = self.timers.capacity() * std::mem::size_of::<Reverse<(Instant, KeyRef)>>();
+        let moving = match self.moving.capacity() {
+            0 => 0,
+            n => (n * 8 / 7).next_power_of_two() * (size_of::<(u32, Moving)>() + 1),
+        };
+        let heap = self.timers.capacity() * size_of::<Reverse<(Instant, u32)>>();
         let per_key: usize = self
             .keys
             .iter()
-            .map(|(k, e)| {
-                let waiters = e.queue.as_ref().map_or(0, |q| {
-                    std::mem::size_of::<Queue>() + q.waiters.capacity() * std::mem::size_of::<Waiter>()
-                });
+            .map(|Slot { key, entry: e }| {
+                let waiters = e
+                    .queue
+                    .as_ref()
+                    .map_or(0, |q| size_of::<Queue>() + q.waiters.capacity() * size_of::<Waiter>());
                 let note = match &e.phase {
                     Phase::Free { note: Some(n), .. } => n.len(),
                     _ => 0,
                 };
-                2 * std::mem::size_of::<usize>() + k.len() + waiters + note
+                key.len() + waiters + note
             })
             .sum();
-        table + heap + per_key
+        self.keys.allocation_size() + moving + heap + per_key
     }
 
-    /// Size of the per-key state, for the memory estimate in the documentation.
-    pub const ENTRY_BYTES: usize = std::mem::size_of::<Entry>();
+    /// Size of one slot of the home's slab: a key's state and the pointer to the key's bytes.
+    pub const ENTRY_BYTES: usize = size_of::<Option<Slot>>();
 
     // ---- message handling ----
 
@@ -588,18 +775,21 @@ impl Home {
         held: Option<Grantee>,
         auth: &impl Authority,
     ) {
-        if let Err(reason) = self.gate(now, from, epoch, &key, Gate::Request, auth) {
-            self.refuse(from, key, id, reason);
-            return;
-        }
+        let found = match self.gate(now, from, epoch, &key, Gate::Request, auth) {
+            Ok(found) => found,
+            Err(reason) => {
+                self.refuse(from, key, id, reason);
+                return;
+            }
+        };
         let lease = lease.min(auth.timing().max_delegation_lease);
-        let Some((k, mut e)) = self.take(&key) else {
+        let Some((k, mut e)) = self.take_found(found) else {
             // No record: a grant would create the key's first state.
             if let Err(reason) = self.grant_caps(from) {
                 self.refuse(from, key, id, reason);
                 return;
             }
-            let k: KeyRef = Arc::from(key);
+            let k = self.keys.create(found.hash, key.into_boxed_slice());
             let mut e = Entry {
                 phase: Phase::Free { note: None, recovered: true, until: now },
                 queue: None,
@@ -733,12 +923,15 @@ impl Home {
         token: FencingToken,
         auth: &impl Authority,
     ) {
-        if let Err(reason) = self.gate(now, from, 0, &key, Gate::Check, auth) {
-            self.refuse(from, key, id, reason);
-            return;
-        }
+        let found = match self.gate(now, from, 0, &key, Gate::Check, auth) {
+            Ok(found) => found,
+            Err(reason) => {
+                self.refuse(from, key, id, reason);
+                return;
+            }
+        };
         let mut current = false;
-        if let Some((k, mut e)) = self.take(&key) {
+        if let Some((k, mut e)) = self.take_found(found) {
             self.service(now, &k, &mut e, auth);
             if let Phase::Held(live) = &e.phase {
                 let g = live.grantee;
@@ -768,6 +961,7 @@ impl Home {
         if epoch != auth.epoch() || key.len() > self.config.limits.max_key_len {
             return;
         }
+        let found = self.keys.find(&key);
         let limits = &self.config.limits;
         let takes_slot = live.is_some() || !lock_delay.is_zero();
         let fits = if takes_slot {
@@ -780,10 +974,14 @@ impl Home {
             && note.as_ref().is_none_or(|n| n.len() <= limits.max_note_len)
             && auth.home_of(&key) == Some(self.config.id)
             && auth.previous_home_of(&key) == Some(from)
-            && !self.keys.contains_key(key.as_slice());
+            && found.slot.is_none()
+            // Once this home is active for the key it may have granted and forgotten it since the
+            // Handover was sent: the handed state is stale, and no longer needed either (the wait
+            // behind `home_active` outlasts every delegation of the previous epoch).
+            && !auth.home_active(now, &key);
         if adopt {
             let ppm = auth.timing().clock_rate_ppm;
-            let k: KeyRef = Arc::from(key.as_slice());
+            let k = self.keys.create(found.hash, Box::from(key.as_slice()));
             let mut e = Entry {
                 phase: Phase::Free { note: None, recovered: true, until: now },
                 queue: None,
@@ -806,16 +1004,20 @@ impl Home {
     }
 
     fn on_ack(&mut self, from: NodeId, epoch: u64, key: &[u8]) {
-        if self.moving.get(key).is_some_and(|m| m.to == from && m.epoch == epoch) {
-            self.moving.remove(key);
+        let Some(slot) = self.keys.find(key).slot else { return };
+        if self.moving.get(&slot).is_some_and(|m| m.to == from && m.epoch == epoch) {
+            self.moving.remove(&slot);
             // Forget everything: the new home has taken the key over.
-            drop(self.take(key));
+            if let Some((k, _)) = self.take_slot(slot, None) {
+                self.keys.remove(k);
+            }
         }
     }
 
     // ---- checks ----
 
     /// The checks every request passes before anything is allocated, in the documented order.
+    /// Passed, it says where the key is.
     fn gate(
         &self,
         now: Instant,
@@ -824,7 +1026,7 @@ impl Home {
         key: &[u8],
         gate: Gate,
         auth: &impl Authority,
-    ) -> Result<(), Refusal> {
+    ) -> Result<Found, Refusal> {
         if gate == Gate::Request {
             if epoch != auth.epoch() {
                 return Err(Refusal::StaleEpoch);
@@ -836,8 +1038,10 @@ impl Home {
         if key.len() > self.config.limits.max_key_len {
             return Err(Refusal::KeyTooLong);
         }
-        let role = self.keys.get(key).map_or(Role::Home, |e| e.role);
-        self.may_grant(now, key, role, auth)
+        let found = self.keys.find(key);
+        let role = found.slot.and_then(|n| self.keys.entry(n)).map_or(Role::Home, |e| e.role);
+        self.may_grant(now, key, role, auth)?;
+        Ok(found)
     }
 
     /// Whether this home may grant `key` now: it is the key's home, it is active for the key
@@ -1017,7 +1221,7 @@ impl Home {
 
     /// Sends the Handover of moved key `e` if it is due, or gives up.
     fn hand_over(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, retry: Duration) {
-        let Some(m) = self.moving.get_mut(key) else { return };
+        let Some(m) = self.moving.get_mut(&key.slot) else { return };
         if now < m.next_send {
             return;
         }
@@ -1034,7 +1238,7 @@ impl Home {
         };
         if live.is_none() && m.sends >= HANDOVER_SENDS {
             // Nothing live to protect: forget the key; the new home waits out the activation.
-            self.moving.remove(key);
+            self.moving.remove(&key.slot);
             e.role = Role::Tracking;
             e.phase = Phase::Free { note: None, recovered: true, until: now };
             return;
@@ -1048,9 +1252,20 @@ impl Home {
 
     // ---- bookkeeping ----
 
-    /// Takes `key`'s entry out of the map (and out of the totals) for processing.
+    /// Takes `key`'s entry out of [`Keys`] (and out of the totals) for processing.
     fn take(&mut self, key: &[u8]) -> Option<(KeyRef, Entry)> {
-        let (k, e) = self.keys.remove_entry(key)?;
+        let found = self.keys.find(key);
+        self.take_found(found)
+    }
+
+    /// [`Home::take`] of a key already looked up.
+    fn take_found(&mut self, found: Found) -> Option<(KeyRef, Entry)> {
+        self.take_slot(found.slot?, Some(found.hash))
+    }
+
+    /// [`Home::take`] of the key in slot `slot` (whose hash is `hash`, if known), if any.
+    fn take_slot(&mut self, slot: u32, hash: Option<u64>) -> Option<(KeyRef, Entry)> {
+        let (k, e) = self.keys.take(slot, hash)?;
         match &e.phase {
             Phase::Held(live) => {
                 self.counts.live -= 1;
@@ -1083,7 +1298,8 @@ impl Home {
             },
         };
         if !keep {
-            self.moving.remove(&key);
+            self.moving.remove(&key.slot);
+            self.keys.remove(key);
             return;
         }
         if let Some(at) = self.next_wake(&key, &e)
@@ -1091,7 +1307,7 @@ impl Home {
         {
             debug_assert!(at > now, "a wake-up at {at:?} is not after {now:?}: it would spin");
             e.wake = at;
-            self.timers.push(Reverse((at, key.clone())));
+            self.timers.push(Reverse((at, key.slot)));
         }
         match &e.phase {
             Phase::Held(live) => {
@@ -1104,7 +1320,7 @@ impl Home {
                 self.counts.record_bytes += note.as_ref().map_or(0, |n| n.len());
             }
         }
-        self.keys.insert(key, e);
+        self.keys.restore(key, e);
     }
 
     /// The earliest instant something happens to `e` by itself.
@@ -1118,7 +1334,7 @@ impl Home {
             Phase::Delay { until } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
             Phase::Free { until, .. } => (e.role != Role::Moved).then_some(*until),
         };
-        let handover = self.moving.get(key).map(|m| m.next_send);
+        let handover = self.moving.get(&key.slot).map(|m| m.next_send);
         own.into_iter().chain(handover).min()
     }
 
@@ -1213,6 +1429,9 @@ mod tests {
         // The figure the module documentation quotes.
         assert_eq!(std::mem::size_of::<Live>(), 48);
         assert!(std::mem::size_of::<Entry>() <= 80, "{}", std::mem::size_of::<Entry>());
-        assert_eq!(std::mem::size_of::<Reverse<(Instant, KeyRef)>>(), 24);
+        assert_eq!(Home::ENTRY_BYTES, 96);
+        assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
+        assert_eq!(std::mem::size_of::<Waiter>(), 40);
+        assert_eq!(std::mem::size_of::<Queue>(), 40);
     }
 }

@@ -1111,9 +1111,15 @@ fn no_timer_spin_over_a_long_scripted_run() {
 
 // ---- memory ----
 
+/// Heap bytes per live delegation (16-byte keys, nobody waiting), counting every allocation, at
+/// every count from 16 Ki to 140 000. That range holds a doubling of the index (at 114 689 keys)
+/// and of the timer heap (at 131 073): each costs the same fraction of a delegation's bytes at
+/// every size, so the worst point here is the worst point at a million too (the slab, which grows
+/// by fixed chunks, only gets closer to its size).
 #[test]
 fn memory_per_live_delegation() {
-    const COUNT: usize = 100_000;
+    const FROM: usize = 1 << 14;
+    const COUNT: usize = 140_000;
     const KEY_LEN: usize = 16;
     let auth = Script::new(H);
     let mut home = home();
@@ -1121,19 +1127,30 @@ fn memory_per_live_delegation() {
     grant(&mut home, &auth, at(0), A, b"warm-up", u64::MAX);
     let before = allocated();
     let holders = [A, B, C, N];
+    // (bytes per delegation, count) at the worst count seen.
+    let mut worst = (0.0, 0);
     for i in 0..COUNT {
         let key = format!("{i:0KEY_LEN$}");
         home.handle_message(at(1), holders[i % 4], req(key.as_bytes(), i as u64, ms(0)), &auth);
         while home.poll_transmit().is_some() {}
+        let n = i + 1;
+        if n >= FROM {
+            let per = (allocated() - before) as f64 / n as f64;
+            if per > worst.0 {
+                worst = (per, n);
+            }
+        }
     }
     let measured = (allocated() - before) as usize / COUNT;
     let estimate = home.memory_estimate() / (COUNT + 1);
     assert_eq!(home.delegations(), COUNT + 1);
     eprintln!(
-        "per delegation: {measured} bytes measured, {estimate} estimated, entry {} bytes, key {KEY_LEN} bytes",
+        "per delegation: {measured} bytes measured at {COUNT}, {estimate} estimated; worst {:.1} bytes at {}; slot {} bytes, key {KEY_LEN} bytes",
+        worst.0,
+        worst.1,
         Home::ENTRY_BYTES
     );
-    const { assert!(Home::ENTRY_BYTES <= 80) };
-    assert!(measured <= 200 + KEY_LEN, "{measured} bytes per delegation");
-    assert!(measured.abs_diff(estimate) <= 16, "estimate {estimate} vs measured {measured}");
+    const { assert!(Home::ENTRY_BYTES <= 96) };
+    assert!(worst.0 <= 200.0, "{:.1} bytes per delegation at {}", worst.0, worst.1);
+    assert!(measured.abs_diff(estimate) <= 4, "estimate {estimate} vs measured {measured}");
 }
