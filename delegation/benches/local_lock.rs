@@ -1,20 +1,33 @@
 //! Cost of a local `lock` + `unlock` pair under a held delegation (the hot path: no message).
 //!
-//! `cargo bench -p keyhome-delegation -- --warm-up-time 1 --measurement-time 3`
+//! `cargo bench -p keyhome-delegation --bench local_lock -- --warm-up-time 1 --measurement-time 3`
 //!
 //! - `local_pair/one_key`: one thread, one key, one `Holder`; reported time is per pair.
 //! - `local_pair/10k_keys`: one thread, one `Holder` holding 10 000 delegations, cycling keys.
-//! - `scaling/threads/{1,2}`: one or two threads, each with its own `Holder` and key (a
-//!   `Holder` is single-threaded; a node shards keys across holders to use more cores). Each
-//!   criterion iteration is 1 000 pairs per thread; for a sample of `n` iterations every thread
-//!   runs `n × 1 000` pairs free (no synchronisation between pairs), and the sample's time is the
-//!   wall time from a common start (threads already spawned) until the last thread is done.
-//!   Criterion's element rate is the aggregate pair rate of all threads.
+//! - `scaling/{control,sharded,shared}`: one thread against two threads on different keys,
+//!   measured side by side. Every sample runs 1 000 pairs per criterion iteration on one thread,
+//!   then the same count on each of two threads at once (in alternating order from sample to
+//!   sample), on two long-lived worker threads; a phase's time runs from the earliest worker's
+//!   start to the last one's end. Criterion reports the two-thread phase (its element rate is the
+//!   aggregate pair rate of both threads); after the group a `scaling/<case>:` line gives both
+//!   rates and their ratio per sample (median and range), which is the figure to quote.
+//!   - `sharded`: each thread owns a `Holder` (built on that thread) holding its key's delegation.
+//!     A `Holder` is a single-threaded state machine, so this is how keys can use more than one
+//!     core: shard them across holders. Nothing is shared between the threads.
+//!   - `shared`: one `Holder` holding both keys, behind a `std::sync::Mutex`, each thread taking
+//!     the lock for its pair. This is a node that keeps one holder behind one lock (as the node
+//!     runtime's embedded mode does with its core): the pairs are serialised, so two threads
+//!     cannot beat one.
+//!   - `control`: the same harness running arithmetic only (about as long as a pair, no memory):
+//!     the ratio this machine gives two independent threads, the ceiling for `sharded`.
 //!
 //! Every pair passes a clock reading 1 ns later than the one before, so handle deadlines and
 //! activity bookkeeping do real work; the delegation's 30 s lease outlasts any run.
 
+use std::cell::RefCell;
 use std::hint::black_box;
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
@@ -49,8 +62,7 @@ impl Authority for Fixed {
     }
 }
 
-/// One holder and its clock, alone on its cache lines (two of them sit side by side in a `Vec`
-/// in the threaded bench, and must not share a line).
+/// One holder and its clock, alone on its cache lines.
 #[repr(align(128))]
 struct Bench {
     holder: Holder,
@@ -122,46 +134,194 @@ fn bench_pair(c: &mut Criterion) {
     group.finish();
 }
 
+// ---- scaling ----
+
 /// Pairs each thread runs per criterion iteration.
 const PAIRS_PER_ITER: u64 = 1_000;
 
-fn bench_threads(c: &mut Criterion) {
-    let mut group = c.benchmark_group("scaling");
-    for threads in [1usize, 2] {
-        let keys: Vec<Vec<u8>> = (0..threads).map(key).collect();
-        let mut benches: Vec<Bench> = keys.iter().map(|k| Bench::new(std::slice::from_ref(k))).collect();
-        group.throughput(Throughput::Elements(threads as u64 * PAIRS_PER_ITER));
-        group.bench_function(BenchmarkId::new("threads", threads), |b| {
-            b.iter_custom(|iters| {
-                let pairs = iters * PAIRS_PER_ITER;
-                // Every thread is spawned and waiting before the clock starts; then each runs its
-                // count free, and the clock stops when the last one is done.
-                let start_line = std::sync::Barrier::new(threads + 1);
-                std::thread::scope(|s| {
-                    let workers: Vec<_> = benches
-                        .iter_mut()
-                        .zip(&keys)
-                        .map(|(bench, key)| {
-                            let start_line = &start_line;
-                            s.spawn(move || {
-                                start_line.wait();
-                                for _ in 0..pairs {
-                                    bench.pair(key);
-                                }
-                            })
-                        })
-                        .collect();
-                    start_line.wait();
-                    let start = std::time::Instant::now();
-                    for w in workers {
-                        w.join().expect("worker");
+/// What one worker thread does, `n` times per phase.
+trait Work: Send {
+    fn run(&mut self, n: u64);
+}
+
+/// `sharded`: this thread's own holder and key.
+struct Own {
+    bench: Bench,
+    key: Vec<u8>,
+}
+
+impl Work for Own {
+    fn run(&mut self, n: u64) {
+        for _ in 0..n {
+            self.bench.pair(&self.key);
+        }
+    }
+}
+
+/// `shared`: one holder for both threads, behind a mutex.
+struct Locked {
+    bench: Arc<Mutex<Bench>>,
+    key: Vec<u8>,
+}
+
+impl Work for Locked {
+    fn run(&mut self, n: u64) {
+        for _ in 0..n {
+            self.bench.lock().expect("no worker panicked").pair(&self.key);
+        }
+    }
+}
+
+/// `control`: dependent multiply-xorshift rounds, touching no memory.
+struct Spin(u64);
+
+impl Work for Spin {
+    fn run(&mut self, n: u64) {
+        let mut x = self.0;
+        for _ in 0..n {
+            for _ in 0..48 {
+                x = black_box(x.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (x >> 29));
+            }
+        }
+        self.0 = x;
+    }
+}
+
+/// One phase for one worker: run `n` units after `start`, then report when it ran.
+struct Phase {
+    n: u64,
+    start: Arc<Barrier>,
+    done: mpsc::Sender<(std::time::Instant, std::time::Instant)>,
+}
+
+/// Two long-lived worker threads. Each builds its [`Work`] on its own thread (so a holder's memory
+/// comes from that thread's allocator arena) and keeps it for the whole run.
+struct Crew {
+    go: Vec<mpsc::Sender<Phase>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Crew {
+    fn new(make: impl Fn(usize) -> Box<dyn Work> + Send + Sync + 'static) -> Crew {
+        let make = Arc::new(make);
+        let (go, threads) = (0..2)
+            .map(|i| {
+                let (tx, rx) = mpsc::channel::<Phase>();
+                let make = Arc::clone(&make);
+                let thread = std::thread::spawn(move || {
+                    let mut work = make(i);
+                    work.run(10_000); // warm caches and branch predictors
+                    for phase in rx {
+                        phase.start.wait();
+                        let began = std::time::Instant::now();
+                        work.run(phase.n);
+                        let _ = phase.done.send((began, std::time::Instant::now()));
                     }
-                    start.elapsed()
-                })
+                });
+                (tx, thread)
+            })
+            .unzip();
+        Crew { go, threads }
+    }
+
+    /// Runs `n` units on each of the first `threads` workers at once; the wall time from the
+    /// earliest start to the latest end.
+    fn run(&self, threads: usize, n: u64) -> Duration {
+        let start = Arc::new(Barrier::new(threads));
+        let (done, finished) = mpsc::channel();
+        for go in &self.go[..threads] {
+            let phase = Phase { n, start: Arc::clone(&start), done: done.clone() };
+            go.send(phase).expect("worker alive");
+        }
+        drop(done);
+        let spans: Vec<_> = finished.iter().collect();
+        assert_eq!(spans.len(), threads, "every worker reports");
+        let began = spans.iter().map(|s| s.0).min().expect("a worker");
+        let ended = spans.iter().map(|s| s.1).max().expect("a worker");
+        ended - began
+    }
+}
+
+impl Drop for Crew {
+    fn drop(&mut self) {
+        self.go.clear();
+        for t in self.threads.drain(..) {
+            t.join().expect("worker");
+        }
+    }
+}
+
+/// One sample of a scaling case: units per thread, one-thread time, two-thread time.
+type Sample = (u64, Duration, Duration);
+
+fn bench_threads(c: &mut Criterion) {
+    let cases: [(&str, Crew); 3] = [
+        ("control", Crew::new(|i| Box::new(Spin(i as u64 + 1)))),
+        (
+            "sharded",
+            Crew::new(|i| {
+                let key = key(i);
+                Box::new(Own { bench: Bench::new(std::slice::from_ref(&key)), key })
+            }),
+        ),
+        ("shared", {
+            let bench = Arc::new(Mutex::new(Bench::new(&[key(0), key(1)])));
+            Crew::new(move |i| Box::new(Locked { bench: Arc::clone(&bench), key: key(i) }))
+        }),
+    ];
+    let mut group = c.benchmark_group("scaling");
+    group.throughput(Throughput::Elements(2 * PAIRS_PER_ITER));
+    let mut reports = Vec::new();
+    for (name, crew) in &cases {
+        let samples: RefCell<Vec<Sample>> = RefCell::new(Vec::new());
+        group.bench_function(BenchmarkId::from_parameter(name), |b| {
+            b.iter_custom(|iters| {
+                let n = iters * PAIRS_PER_ITER;
+                let mut samples = samples.borrow_mut();
+                // Alternate the order, so neither phase always runs first.
+                let (one, two) = if samples.len().is_multiple_of(2) {
+                    let one = crew.run(1, n);
+                    (one, crew.run(2, n))
+                } else {
+                    let two = crew.run(2, n);
+                    (crew.run(1, n), two)
+                };
+                samples.push((n, one, two));
+                two
             })
         });
+        reports.push((*name, samples.into_inner()));
     }
     group.finish();
+    for (name, samples) in reports {
+        if let Some(line) = report(name, &samples) {
+            println!("{line}");
+        }
+    }
+}
+
+/// `scaling/<name>: 1 thread R1 M/s, 2 threads R2 M/s, ratio median X (min A, max B) over N
+/// samples`; rates are totals over all samples, the ratio is taken per sample.
+fn report(name: &str, samples: &[Sample]) -> Option<String> {
+    if samples.len() < 10 {
+        return None; // a test run (one sample) says nothing about scaling
+    }
+    let units: u64 = samples.iter().map(|s| s.0).sum();
+    let one: Duration = samples.iter().map(|s| s.1).sum();
+    let two: Duration = samples.iter().map(|s| s.2).sum();
+    let rate = |count: u64, time: Duration| count as f64 / time.as_secs_f64() / 1e6;
+    let mut ratios: Vec<f64> =
+        samples.iter().map(|&(_, one, two)| 2.0 * one.as_secs_f64() / two.as_secs_f64()).collect();
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios[ratios.len() / 2];
+    let (min, max) = (ratios[0], ratios[ratios.len() - 1]);
+    Some(format!(
+        "scaling/{name}: 1 thread {:.2} M/s, 2 threads {:.2} M/s; ratio median {median:.2} (min {min:.2}, \
+         max {max:.2}) over {} samples",
+        rate(units, one),
+        rate(2 * units, two),
+        samples.len(),
+    ))
 }
 
 criterion_group!(benches, bench_pair, bench_threads);

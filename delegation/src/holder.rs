@@ -45,6 +45,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_epoch::{Instant, NodeId};
@@ -62,6 +63,12 @@ const RECENT_REQUESTS: usize = 65_536;
 const MAX_DOUBLINGS: u32 = 5;
 /// Shortest `retry` and `resend` accepted: zero would let a timer fire at its own instant forever.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
+
+/// The hasher of the holder's maps. Keys come from applications and, through grants and recalls,
+/// from the network, so it is keyed with per-process random secrets (aHash's `RandomState` draws
+/// them from the operating system) rather than fixed; it is several times cheaper than std's
+/// SipHash on the hot path's one look-up per `lock`.
+type Hasher = ahash::RandomState;
 
 /// Settings of one node's holder. Build with [`HolderConfig::new`] and adjust fields.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -156,11 +163,13 @@ impl Ticket {
     }
 }
 
-/// One admission: the right to act on `key` until `deadline`, proved downstream by `token`.
+/// One admission: the right to act on a key until `deadline`, proved downstream by `token`.
+///
+/// The key is not copied into the handle, so that admitting allocates nothing: the caller named
+/// it, and [`Holder::key_of`] names it again while the handle lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Handle {
     pub id: HandleId,
-    pub key: Vec<u8>,
     /// Strictly greater than every earlier admission's token for this key.
     pub token: FencingToken,
     /// The handle is valid before this instant of this node's clock (`min(now + ttl, delegation
@@ -230,6 +239,8 @@ pub enum LockError {
     Expired,
     #[error("no such handle: it was unlocked already, never issued, or its loss was already reported")]
     UnknownHandle,
+    #[error("the node is shutting down")]
+    Closed,
 }
 
 /// A delegation this holder holds, as [`Holder::delegation`] reports it.
@@ -246,8 +257,8 @@ pub struct DelegationInfo {
 #[derive(Debug)]
 pub struct Holder {
     config: HolderConfig,
-    /// Key → slot in `slots`.
-    index: HashMap<Vec<u8>, u32>,
+    /// Key → slot in `slots`; the key is the same allocation as the entry's.
+    index: HashMap<Arc<[u8]>, u32, Hasher>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
     /// Wake-ups `(at, slot)`; an item counts only while it equals its entry's `scheduled`.
@@ -271,7 +282,7 @@ struct Io {
     issued: Option<(u64, u64)>,
     /// Highest id dropped from `recent` for lack of room rather than age.
     forgotten: u64,
-    tombstones: HashMap<u64, RevokeReason>,
+    tombstones: HashMap<u64, RevokeReason, Hasher>,
     tomb_order: VecDeque<u64>,
     out: VecDeque<(NodeId, Message)>,
     events: VecDeque<Event>,
@@ -287,7 +298,7 @@ struct Sent {
 /// Everything one key needs. Exists while any field is in use; see [`Entry::is_empty`].
 #[derive(Debug)]
 struct Entry {
-    key: Vec<u8>,
+    key: Arc<[u8]>,
     deleg: Option<Delegation>,
     /// The local handle. Some only while `deleg` is.
     local: Option<Local>,
@@ -386,7 +397,7 @@ impl Holder {
         let _ = now;
         Holder {
             config,
-            index: HashMap::new(),
+            index: HashMap::with_hasher(Hasher::new()),
             slots: Vec::new(),
             free: Vec::new(),
             timers: BinaryHeap::new(),
@@ -398,7 +409,7 @@ impl Holder {
                 recent: VecDeque::new(),
                 issued: None,
                 forgotten: 0,
-                tombstones: HashMap::new(),
+                tombstones: HashMap::with_hasher(Hasher::new()),
                 tomb_order: VecDeque::new(),
                 out: VecDeque::new(),
                 events: VecDeque::new(),
@@ -424,6 +435,14 @@ impl Holder {
     /// How many keys this holder tracks (delegations, waiters, requests, recent history).
     pub fn tracked_keys(&self) -> usize {
         self.index.len()
+    }
+
+    /// The key of `handle` while the handle is held; `None` once it was unlocked or taken away (a
+    /// handle past its deadline is taken away by the next call that notices: `handle_timeout`,
+    /// `renew`, `unlock`).
+    pub fn key_of(&self, handle: HandleId) -> Option<&[u8]> {
+        let e = self.entry(handle.slot)?;
+        e.local.as_ref().is_some_and(|l| l.serial == handle.serial).then_some(&*e.key)
     }
 
     // ---- client calls ----
@@ -546,8 +565,24 @@ impl Holder {
             d.last_activity = now;
             d.active = true;
         }
-        e.settle(slot, now, &mut self.io);
-        self.reschedule(slot);
+        // The common case: nobody waits and no recall is under way. The handle's deadline is gone,
+        // and the idle release and the renewal (activity being recorded) are the only wake-ups
+        // that may have been added.
+        let added = match &e.deleg {
+            Some(d) if e.waiters.is_empty() && d.revoke_at.is_none() => {
+                let idle = now + self.config.idle_release;
+                Some(if e.request.is_none() { idle.min(d.renew_at) } else { idle })
+            }
+            _ => None,
+        };
+        match added {
+            // `settle` would find nothing to do: no waiter to admit or fail, no recall to finish.
+            Some(added) => self.reschedule_unless_covered(slot, added),
+            None => {
+                e.settle(slot, now, &mut self.io);
+                self.reschedule(slot);
+            }
+        }
         Ok(())
     }
 
@@ -561,6 +596,40 @@ impl Holder {
         let _ = now;
         self.tidy(ticket.slot);
         true
+    }
+
+    /// Ends a live handle whose owner went away without unlocking (a client whose session ended):
+    /// like a revocation, the note is dropped and the next holder of the key is told `recovered`,
+    /// since the owner may have stopped halfway. No event follows. Fails like [`Holder::unlock`].
+    pub fn abandon(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
+        let slot = self.live(now, handle)?;
+        let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
+        e.local = None;
+        e.note = None;
+        if let Some(d) = e.deleg.as_mut() {
+            d.unclean = true;
+            d.last_activity = now;
+        }
+        e.settle(slot, now, &mut self.io);
+        self.reschedule(slot);
+        Ok(())
+    }
+
+    /// Gives every delegation back at once, for a clean shutdown: queued lockers fail with
+    /// [`LockError::Closed`], live handles are revoked (reason `Recalled`, with their events), and
+    /// each delegation is released with its note (flagged `recovered` where a handle was revoked).
+    /// Later grants are handed back as they arrive.
+    pub fn release_all(&mut self, now: Instant) {
+        for slot in 0..self.slots.len() {
+            let slot = slot as u32;
+            let io = &mut self.io;
+            let Some(e) = self.slots[slot as usize].as_mut() else { continue };
+            e.fail_waiters(slot, io, LockError::Closed, |_| true);
+            e.want_until = None;
+            io.revoke(slot, e, RevokeReason::Recalled);
+            e.release(now, io);
+            self.tidy(slot);
+        }
     }
 
     // ---- network and timers ----
@@ -652,7 +721,11 @@ impl Holder {
             return None;
         }
         let handle = e.admit(slot, now, ttl, &mut self.io);
-        self.reschedule(slot);
+        // Admission takes the idle release away and adds two wake-ups at most: the handle's
+        // deadline and, the key being busy now, the renewal. Every other one was covered before.
+        let d = e.deleg.as_ref().expect("admitted under a delegation");
+        let added = if e.request.is_none() { handle.deadline.min(d.renew_at) } else { handle.deadline };
+        self.reschedule_unless_covered(slot, added);
         Some(handle)
     }
 
@@ -670,8 +743,9 @@ impl Holder {
     }
 
     fn insert(&mut self, now: Instant, key: &[u8]) -> u32 {
+        let key: Arc<[u8]> = Arc::from(key);
         let entry = Entry {
-            key: key.to_vec(),
+            key: Arc::clone(&key),
             deleg: None,
             local: None,
             waiters: VecDeque::new(),
@@ -695,7 +769,7 @@ impl Holder {
                 slot
             }
         };
-        self.index.insert(key.to_vec(), slot);
+        self.index.insert(key, slot);
         slot
     }
 
@@ -761,8 +835,25 @@ impl Holder {
         let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
         if e.is_empty() {
             let e = self.slots[slot as usize].take().expect("entry present");
-            self.index.remove(e.key.as_slice());
+            self.index.remove(&*e.key);
             self.free.push(slot);
+            return;
+        }
+        self.reschedule(slot);
+    }
+
+    /// [`Holder::reschedule`] after a change that cannot have added a wake-up before `added`:
+    /// every other wake-up the entry needs was needed before the change, so the scheduled one
+    /// covers it. Skips computing the next wake-up when the scheduled one is not later than `added`.
+    fn reschedule_unless_covered(&mut self, slot: u32, added: Instant) {
+        if let Some(e) = self.entry(slot)
+            && let Some(scheduled) = e.scheduled
+            && scheduled <= added
+        {
+            debug_assert!(
+                e.next_wake(&self.config).is_none_or(|at| scheduled <= at),
+                "a skipped reschedule left a wake-up uncovered",
+            );
             return;
         }
         self.reschedule(slot);
@@ -979,7 +1070,7 @@ impl Holder {
             if p.released {
                 // The release was lost: say it again, with the same note and flag.
                 let (note, recovered) = (p.note.clone(), p.recovered);
-                io.send(from, Body::Release { key: e.key.clone(), grantee, note, recovered });
+                io.send(from, Body::Release { key: e.key.to_vec(), grantee, note, recovered });
             }
         } else if e.deleg.is_none()
             && e.request.as_ref().is_some_and(|r| r.held.is_none())
@@ -1097,7 +1188,7 @@ impl Io {
         self.tombstones.insert(local.serial, reason);
         self.tomb_order.push_back(local.serial);
         let handle = HandleId { serial: local.serial, slot };
-        self.events.push_back(Event::Revoked { handle, key: e.key.clone(), reason });
+        self.events.push_back(Event::Revoked { handle, key: e.key.to_vec(), reason });
     }
 }
 
@@ -1156,7 +1247,7 @@ impl Entry {
         d.last_activity = now;
         d.active = true;
         self.local = Some(Local { serial, deadline, until });
-        Handle { id: HandleId { serial, slot }, key: self.key.clone(), token, deadline, note, recovered }
+        Handle { id: HandleId { serial, slot }, token, deadline, note, recovered }
     }
 
     /// After the local handle may have ended: fails lockers whose wait ran out; then, if no
@@ -1202,7 +1293,8 @@ impl Entry {
         let Some(d) = self.deleg.take() else { return };
         let note = self.note.take();
         let recovered = (d.fresh && d.recovered) || d.unclean;
-        let body = Body::Release { key: self.key.clone(), grantee: d.grantee, note: note.clone(), recovered };
+        let body =
+            Body::Release { key: self.key.to_vec(), grantee: d.grantee, note: note.clone(), recovered };
         io.send(d.home, body);
         self.past = Some(Past {
             grantee: d.grantee,
@@ -1273,7 +1365,7 @@ impl Entry {
                 // a duplicate, which the network may produce anyway.
                 r.last_sent = now;
                 let body =
-                    Body::Request { key: self.key.clone(), id: r.id, lease: r.lease, wait, held: r.held };
+                    Body::Request { key: self.key.to_vec(), id: r.id, lease: r.lease, wait, held: r.held };
                 io.send(r.to, body);
             }
             return;
