@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use keyhome_sim::locks::{LockOptions, LockReport, LockScenario, LockWorld, run_lock_seed, run_lock_seeds};
+use keyhome_sim::locks::{
+    HandoverStats, LockOptions, LockReport, LockScenario, LockWorld, run_lock_seed, run_lock_seeds,
+};
 
 const THREADS: usize = 2;
 const MS: u64 = 1_000_000;
@@ -51,6 +53,16 @@ fn hostile_lock_seeds_hold_every_invariant() {
     assert_clean(&reports, " --hostile");
     let refused: u64 = reports.iter().map(|r| r.stats.paused_writes_refused).sum();
     assert!(refused >= 1, "no paused client's late write was refused");
+}
+
+/// Seeds that once failed (`Handoff`): a key's new home, already active for the key, granted
+/// it and forgot it after an expiry, then adopted a late `Handover` and passed on the previous
+/// epoch's note as a clean handoff. A home now adopts only while it is not yet active for the key.
+#[test]
+fn a_late_handover_after_activation_is_not_adopted() {
+    let reports: Vec<LockReport> =
+        [3540, 7620, 15624].into_iter().map(|seed| run_lock_seed(seed, &LockOptions::default())).collect();
+    assert_clean(&reports, "");
 }
 
 /// A seed fixes the whole run.
@@ -115,4 +127,42 @@ fn messages_per_lock() {
     assert_eq!(relock, 0, "steady-state re-lock");
     assert!(handoff <= 4, "handoff between nodes: {handoff}");
     assert!(w.checker.violations.is_empty(), "{:?}", w.checker.violations);
+}
+
+/// Epoch changes with no faults (calm runs: no loss, duplication, reordering, crash, partition
+/// or pause; three operator changes 0.8 s apart). For every key a client waits for when its new
+/// home learns the new epoch: a key that keeps its home stays grantable through the change and
+/// is never refused `Activating`; a moved key whose reachable old home hands it over is adopted
+/// and grantable well before the activation wait. Both are also checked as violations in every
+/// calm run (`ChangePause`); `tests/lock_bugs.rs` shows each check failing when its rule is
+/// switched off.
+#[test]
+fn epoch_changes_without_faults_keep_keys_working() {
+    let options = LockOptions { calm: true, ..LockOptions::default() };
+    let reports = run_lock_seeds(0..60, &options, THREADS, false);
+    assert_clean(&reports, " --calm");
+    let mut h = HandoverStats::default();
+    for r in &reports {
+        h.merge(&r.stats.handover);
+    }
+    println!("{h:#?}");
+    // Keys that kept their home: grantable at once, never turned away.
+    assert!(h.same_home.keys >= 150, "same-home keys {}", h.same_home.keys);
+    assert_eq!(h.same_home.refused_activating, 0, "same-home keys refused Activating");
+    assert_eq!(h.same_home.max_ready, 0, "same-home keys not grantable at once");
+    assert_eq!(h.same_home.never_ready, 0, "same-home keys never grantable");
+    // Moved keys with a reachable old home that handed them over: adopted within a Handover
+    // round trip or one resend period (a quarter home lease), far below the activation wait.
+    assert!(h.handed_over.keys >= 25, "handed-over keys {}", h.handed_over.keys);
+    assert!(
+        h.handed_over.max_ready_ratio < 0.5,
+        "handed-over keys grantable only after {:.2} of the activation wait",
+        h.handed_over.max_ready_ratio
+    );
+    assert!(h.handed_over.max_refused_ratio < 0.5);
+    // Nothing unreachable, nothing handed over in vain, nothing left hanging.
+    assert_eq!(h.old_home_unreachable.keys, 0);
+    assert_eq!(h.not_adopted.keys, 0);
+    assert_eq!(h.unresolved.keys, 0);
+    assert_eq!(h.same_home_not_ready.keys, 0);
 }

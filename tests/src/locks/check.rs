@@ -28,6 +28,11 @@ pub enum LockKind {
     Handoff,
     /// After healing, a lock whose wait allowed for lease, margin and round trips failed.
     NoLiveness,
+    /// In a calm run, an epoch change paused a key it should not have: a key that kept its home
+    /// (and was not adopted at an earlier change) was refused `Activating`, or a moved key whose
+    /// old home handed it over was not adopted before the activation wait (see
+    /// [`super::handover`]).
+    ChangePause,
 }
 
 /// One broken invariant, at a simulated real instant.
@@ -103,6 +108,8 @@ pub struct LockStats {
     pub notes_delivered: u64,
     pub recovered: u64,
     pub probes_ok: u64,
+    /// Keys with waiting clients across epoch changes (see [`super::handover`]).
+    pub handover: super::handover::HandoverStats,
 }
 
 /// The fenced resource: every write with its token, guarded by a [`TokenGuard`].

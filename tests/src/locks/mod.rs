@@ -10,15 +10,18 @@
 //! cargo run --release -p keyhome-sim -- --locks --seeds 2000
 //! cargo run --release -p keyhome-sim -- --locks --seed 17 --trace
 //! cargo run --release -p keyhome-sim -- --locks --seeds 500 --lock-bug no-quarantine
+//! cargo run --release -p keyhome-sim -- --calm --seeds 300 --stats
 //! ```
 
 use std::ops::Range;
 
 pub mod check;
+pub mod handover;
 pub mod scenario;
 pub mod world;
 
 pub use check::{LockKind, LockStats, LockViolation};
+pub use handover::{Class, ClassStats, HandoverStats};
 pub use scenario::LockScenario;
 pub use world::LockWorld;
 
@@ -36,16 +39,39 @@ pub struct LockOptions {
     /// More faults, pauses and clients, every clock at an end of the rate bound: what the
     /// injected-bug tests use.
     pub hostile: bool,
+    /// Calm runs ([`LockScenario::calm`]): no faults at all, operator changes far apart, and the
+    /// epoch-change checks of [`handover`] enforced. `hostile` does not apply to them.
+    pub calm: bool,
+    /// Epoch-change rules to switch off in the simulation's own wrapper around the epoch core.
+    pub sim_bugs: SimBugs,
+}
+
+/// Rules the simulation itself can switch off, in the [`Authority`] it gives each home: they
+/// break the promises about epoch changes (see [`handover`]), not safety, so only calm runs
+/// ([`LockOptions::calm`]) catch them.
+///
+/// [`Authority`]: keyhome_delegation::Authority
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SimBugs {
+    /// Homes never adopt a handover (the authority never names the previous home), so every
+    /// moved key waits out the activation wait.
+    pub no_handover: bool,
+    /// After every change, homes wait out the activation wait for every key, also for keys that
+    /// keep their home (the authority answers `home_active` false until the new epoch's
+    /// activation instant).
+    pub same_home_wait: bool,
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 6] = [
+pub const LOCK_BUG_NAMES: [&str; 8] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
     "no-quarantine",
     "ignore-activation",
     "incarnation",
+    "no-handover",
+    "same-home-wait",
 ];
 
 /// Options with the rule named `name` (one of [`LOCK_BUG_NAMES`]) switched off.
@@ -57,6 +83,8 @@ pub fn lock_bug(name: &str, mut options: LockOptions) -> Option<LockOptions> {
         "no-quarantine" => options.bugs.no_quarantine = true,
         "ignore-activation" => options.bugs.ignore_activation = true,
         "incarnation" => options.epoch_bugs.volatile_incarnation = true,
+        "no-handover" => options.sim_bugs.no_handover = true,
+        "same-home-wait" => options.sim_bugs.same_home_wait = true,
         _ => return None,
     }
     Some(options)
@@ -72,7 +100,9 @@ pub struct LockReport {
 
 /// Runs one seed to its end.
 pub fn run_lock_seed(seed: u64, options: &LockOptions) -> LockReport {
-    let mut world = LockWorld::new(seed, LockScenario::generate(seed, options));
+    let scenario =
+        if options.calm { LockScenario::calm(seed, options) } else { LockScenario::generate(seed, options) };
+    let mut world = LockWorld::new(seed, scenario);
     world.run();
     let checker = &mut world.checker;
     LockReport { seed, violations: std::mem::take(&mut checker.violations), stats: checker.stats.clone() }

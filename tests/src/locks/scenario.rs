@@ -10,7 +10,7 @@ use crate::rng::Rng;
 use crate::scenario::{Chaos, Fault, Scenario, ms};
 use crate::world::{Real, nanos};
 
-use super::LockOptions;
+use super::{LockOptions, SimBugs};
 
 /// Simulated time with faults, before healing.
 pub const CHAOS: Duration = Duration::from_millis(1500);
@@ -58,6 +58,10 @@ pub struct LockScenario {
     pub workload: bool,
     /// Every clock runs at one end of the rate bound (hostile runs): margins are then exact.
     pub extreme_clocks: bool,
+    /// No faults at all: the epoch-change checks of [`super::handover`] are enforced.
+    pub calm: bool,
+    /// Epoch-change rules the simulation's authority wrapper switches off.
+    pub sim_bugs: SimBugs,
 }
 
 impl LockScenario {
@@ -143,6 +147,73 @@ impl LockScenario {
             probe_at: Some(chaos + nanos(PROBE_AFTER_HEAL)),
             workload: true,
             extreme_clocks: options.hostile,
+            calm: false,
+            sim_bugs: options.sim_bugs,
+        }
+    }
+
+    /// A calm run: the cluster, timing, holder settings and workload of [`LockScenario::generate`]
+    /// (from a generator of its own, so the seeds of other runs are unaffected), but no loss,
+    /// duplication, reordering, crash, partition or pause. Three operator changes, at 0.2, 1.0
+    /// and 1.8 s (each up to 0.1 s later), each asked of a running member of the newest epoch:
+    /// 0.8 s apart, more than any activation wait (at most 612 ms: a 500 ms home lease and a
+    /// 100 ms delegation lease, widened by the rate bound) plus handover rounds, so every change
+    /// has settled before the next. Clients stop starting locks at 2.6 s; probes run at 2.8 s.
+    pub fn calm(seed: u64, options: &LockOptions) -> LockScenario {
+        let mut rng = Rng::new(seed ^ 0xca1_5eed);
+        let members = options.members.unwrap_or_else(|| rng.range(3, 5) as usize);
+        let nodes = members + 2;
+        let lease = DELEGATION_LEASES[rng.range(0, 2) as usize];
+        let timing = Timing {
+            home_lease: HOME_LEASES[rng.range(0, 1) as usize],
+            max_delegation_lease: lease,
+            clock_rate_ppm: 10_000,
+        };
+        let faults = (0..3)
+            .map(|i| Fault::LivenessPropose { at: ms(200 + 800 * i) + rng.range(0, ms(100)) })
+            .collect();
+        let lease_ns = nanos(lease);
+        let quiet = ms(2600);
+        let base = Scenario {
+            seed,
+            nodes,
+            genesis: genesis(members, timing),
+            round_timeout: Duration::from_millis(40),
+            net_delay: (100_000, ms(2)),
+            reorder: 0.0,
+            loss: 0.0,
+            duplication: 0.0,
+            lose_chosen: 0.0,
+            crash_after_vote: 0.0,
+            disk_latency: (50_000, ms(1)),
+            faults,
+            end: ms(4000),
+            bugs: options.epoch_bugs,
+            trace: options.trace,
+            keys: (0..12).map(|i| format!("k{i}").into_bytes()).collect(),
+        };
+        LockScenario {
+            base,
+            bugs: options.bugs,
+            pauses: Vec::new(),
+            clients: 2,
+            hot: 3,
+            hot_share: 0.5,
+            holder: HolderParams {
+                grace: Duration::from_nanos(rng.range(lease_ns / 4, 2 * lease_ns)),
+                idle_release: Duration::from_nanos(rng.range(ms(5), 4 * lease_ns)),
+                min_useful: lease / 10,
+                retry: Duration::from_millis(5),
+                resend: Duration::from_millis(20),
+            },
+            write_delay: (50_000, ms(1)),
+            heal_at: 0,
+            quiet_at: quiet,
+            probe_at: Some(ms(2800)),
+            workload: true,
+            extreme_clocks: false,
+            calm: true,
+            sim_bugs: options.sim_bugs,
         }
     }
 
@@ -192,6 +263,8 @@ impl LockScenario {
             probe_at: None,
             workload: false,
             extreme_clocks: false,
+            calm: false,
+            sim_bugs: SimBugs::default(),
         }
     }
 }

@@ -15,12 +15,12 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
-    LockError, LockOutcome, Message as DMessage, Ticket,
+    Authority, Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home,
+    HomeConfig, LockError, LockOutcome, Message as DMessage, Refusal, Ticket,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{
-    Body, Change, Config, Durable, EpochNode, EpochRecord, Event, Instant, Message, Transmit, Write,
+    Body, Change, Config, Durable, EpochNode, EpochRecord, Event, Instant, Message, Timing, Transmit, Write,
 };
 use keyhome_ring::NodeId;
 
@@ -31,7 +31,9 @@ use crate::rng::Rng;
 use crate::scenario::{Fault, Links};
 use crate::world::{Real, nanos};
 
+use super::SimBugs;
 use super::check::{End, LockChecker, LockKind, revoked};
+use super::handover::{Breach, Changes, HandoverStats, Sample};
 use super::scenario::LockScenario;
 
 /// What crosses the simulated network.
@@ -109,6 +111,11 @@ struct Slot {
     /// Frozen until this real instant.
     paused_until: Real,
     clients: Vec<Client>,
+    /// Ghost of the core's history in this run: each epoch learned (or started with) and its
+    /// activation instant (node clock), oldest first.
+    learned: Vec<(u64, Instant)>,
+    /// Whether the node held its home lease after its last event.
+    lease_ok: bool,
 }
 
 /// A whole simulated cluster with delegations under one lock scenario.
@@ -132,6 +139,10 @@ pub struct LockWorld {
     script_results: Vec<(usize, usize, Option<Handle>)>,
     /// Live admissions by node and handle, so every revocation reaches the ghost state.
     handles: std::collections::HashMap<(usize, HandleId), usize>,
+    /// Per epoch number seen: the home (simulation index) of each key, and the activation wait.
+    epochs: std::collections::HashMap<u64, (Vec<Option<usize>>, Duration)>,
+    /// Keys with waiting clients across epoch changes (see [`super::handover`]).
+    pub changes: Changes,
 }
 
 impl LockWorld {
@@ -163,6 +174,8 @@ impl LockWorld {
                 timer_generation: 0,
                 paused_until: 0,
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
+                learned: Vec::new(),
+                lease_ok: false,
             })
             .collect();
         let base = &scenario.base;
@@ -182,6 +195,8 @@ impl LockWorld {
             next_write: 0,
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
+            epochs: std::collections::HashMap::new(),
+            changes: Changes::new(scenario.calm, scenario.base.trace),
             scenario,
         };
         for fault in world.scenario.base.faults.clone() {
@@ -219,6 +234,16 @@ impl LockWorld {
         if self.scenario.probe_at.is_some() {
             self.check_probes_at_end();
         }
+        self.finish_changes();
+    }
+
+    /// Closes every open epoch-change sample (see [`super::handover`]) and returns the figures,
+    /// which also go to `checker.stats.handover`. [`LockWorld::run`] calls it at the end.
+    pub fn finish_changes(&mut self) -> HandoverStats {
+        let breaches = self.changes.close(None, self.now);
+        self.breaches(breaches);
+        self.checker.stats.handover = self.changes.stats;
+        self.changes.stats
     }
 
     /// Runs every event up to real time `end` (or the first violation).
@@ -302,7 +327,8 @@ impl LockWorld {
                         | DBody::Handover { .. }
                         | DBody::HandoverAck { .. } => {
                             if let Some(home) = slot.home.as_mut() {
-                                home.handle_message(now, from_id, message, &*core);
+                                let auth = HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned);
+                                home.handle_message(now, from_id, message, &auth);
                             }
                         }
                         DBody::Grant { .. }
@@ -331,7 +357,10 @@ impl LockWorld {
                 if let Some(home) = slot.home.as_mut()
                     && home.poll_timeout().is_some_and(|t| t <= now)
                 {
-                    home.handle_timeout(now, &*core);
+                    home.handle_timeout(
+                        now,
+                        &HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned),
+                    );
                 }
                 if let Some(holder) = slot.holder.as_mut()
                     && holder.poll_timeout().is_some_and(|t| t <= now)
@@ -389,11 +418,19 @@ impl LockWorld {
         holder_config.retry = p.retry;
         holder_config.resend = p.resend;
         holder_config.bugs = scenario.bugs;
+        // The core waits this long before acting as home after a start (`EpochNode::start`).
+        let current = slot.durable.current.clone();
+        let timing = current.timing;
+        let wait =
+            current.activation_wait.max(rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm));
+        slot.learned = vec![(current.number, now + wait)];
+        slot.lease_ok = false;
         slot.core = Some(core);
         slot.home = Some(Home::new(home_config, now));
         slot.home_started = now;
         slot.holder = Some(Holder::new(holder_config, now));
         slot.paused_until = 0;
+        self.note_epoch(&current);
         self.pump(i, false);
     }
 
@@ -408,6 +445,8 @@ impl LockWorld {
         slot.timer_generation += 1;
         slot.paused_until = 0;
         let now = self.now;
+        let breaches = self.changes.close(Some(i), now);
+        self.breaches(breaches);
         let lost: Vec<usize> =
             self.handles.iter().filter(|((n, _), _)| *n == i).map(|(_, &admission)| admission).collect();
         for admission in lost {
@@ -441,13 +480,21 @@ impl LockWorld {
                     to_disk.push((ready.number, ready.writes, ready.persisted_messages));
                 }
             }
-            let mut learned = false;
+            let mut learned = Vec::new();
             while let Some(event) = core.poll_event() {
-                learned |= matches!(event, Event::Learned { .. });
+                if let Event::Learned { epoch } = event {
+                    learned.push(epoch);
+                }
             }
+            if !learned.is_empty() {
+                self.epoch_learned(i, &learned);
+            }
+            let slot = &mut self.slots[i];
             let core = slot.core.as_ref().expect("present");
-            if learned && let Some(home) = slot.home.as_mut() {
-                home.on_epoch_change(now, core);
+            if !learned.is_empty()
+                && let Some(home) = slot.home.as_mut()
+            {
+                home.on_epoch_change(now, &HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned));
             }
             let mut deleg = Vec::new();
             if let Some(home) = slot.home.as_mut() {
@@ -483,6 +530,9 @@ impl LockWorld {
             for (from_home, (to, message)) in deleg {
                 if from_home && let DBody::Grant { key, .. } = &message.body {
                     self.check_grant(i, key);
+                }
+                if from_home {
+                    self.home_sent(i, &message);
                 }
                 // A release flagged `recovered` does not vouch for a clean end: the checker
                 // still expects the next holder to be told.
@@ -520,12 +570,166 @@ impl LockWorld {
         }
         let now = self.local(i);
         let Some(core) = self.slots[i].core.as_ref() else { return };
+        self.slots[i].lease_ok = core.holds_lease(now);
+        if self.changes.open_at(i) {
+            self.check_ready(i);
+        }
+        let Some(core) = self.slots[i].core.as_ref() else { return };
         if self.epoch_checker.after_event(self.now, i, now, core_timer, core) {
             let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
                 .filter(|(j, _)| *j != i)
                 .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
                 .collect();
             self.epoch_checker.check_homes(self.now, i, now, core, &others);
+        }
+    }
+
+    // ---- epoch changes as keys see them (see `super::handover`) ----
+
+    /// Remembers the homes of the scenario's keys under `record`, and its activation wait.
+    fn note_epoch(&mut self, record: &EpochRecord) {
+        if self.epochs.contains_key(&record.number) {
+            return;
+        }
+        let ring = record.ring();
+        let homes =
+            self.scenario.base.keys.iter().map(|k| ring.home(k).and_then(|id| self.index(id))).collect();
+        self.epochs.insert(record.number, (homes, record.activation_wait));
+    }
+
+    fn home_in(&self, epoch: u64, key: usize) -> Option<usize> {
+        self.epochs.get(&epoch).and_then(|(homes, _)| homes[key])
+    }
+
+    /// Node `i` learned `epochs` (its home has not heard yet): closes its samples of earlier
+    /// epochs and opens one for every key it is the new home of that a client waits for.
+    fn epoch_learned(&mut self, i: usize, epochs: &[u64]) {
+        let now = self.local(i);
+        let Some(core) = self.slots[i].core.as_ref() else { return };
+        let record = core.current().clone();
+        self.note_epoch(&record);
+        let breaches = self.changes.close(Some(i), self.now);
+        self.breaches(breaches);
+        let before = self.slots[i].learned.clone();
+        for &e in epochs {
+            let wait = self.epochs.get(&e).map_or(Duration::MAX, |(_, w)| *w);
+            self.slots[i].learned.push((e, now + wait));
+        }
+        let e = record.number;
+        let consecutive = self.slots[i].learned.iter().rev().nth(1).is_some_and(|(n, _)| *n + 1 == e);
+        // Clients on members of the new epoch: others are refused `NotMember` anyway.
+        let mut waiting = vec![false; self.scenario.base.keys.len()];
+        for slot in self.slots.iter().filter(|s| record.is_member(s.id)) {
+            for c in &slot.clients {
+                if let CState::Waiting { key, .. } = c.state {
+                    waiting[key] = true;
+                }
+            }
+        }
+        let slot = &self.slots[i];
+        let activation = record.activation_wait;
+        let activation_at = slot.clock.real_at(now + activation);
+        for (key, _) in waiting.iter().enumerate().filter(|(_, w)| **w) {
+            if self.home_in(e, key) != Some(i) {
+                continue;
+            }
+            let old_home = self.home_in(e - 1, key);
+            // As `Home` decided before the change: an adopted key on the lease alone, any other
+            // by `home_active` (its lease half approximated by the lease held after the last event).
+            let adopted_before = old_home == Some(i)
+                && slot.home.as_ref().is_some_and(|h| h.is_adopted(&self.scenario.base.keys[key]));
+            let ready_before =
+                old_home == Some(i) && slot.lease_ok && (adopted_before || self.fenced(&before, i, key, now));
+            let old_reachable = old_home.is_some_and(|o| {
+                o != i
+                    && self.slots[o].core.is_some()
+                    && self.now >= self.slots[o].paused_until
+                    && !self.links.is_cut(o, i)
+                    && !self.links.is_cut(i, o)
+            });
+            self.changes.open(Sample {
+                key,
+                epoch: e,
+                home: i,
+                old_home,
+                learned_at: self.now,
+                activation,
+                activation_at,
+                consecutive,
+                ready_before,
+                adopted_before,
+                old_reachable,
+                checked: false,
+                ready_at: None,
+                adopted: false,
+                activating: 0,
+                last_activating: None,
+            });
+        }
+    }
+
+    /// Whether, by the ghost `history` of node `i`, an activation instant of the run of
+    /// consecutive epochs ending with the newest, in each of which `i` is `key`'s home, has passed
+    /// at `now` (the fence half of `EpochNode::home_active`).
+    fn fenced(&self, history: &[(u64, Instant)], i: usize, key: usize, now: Instant) -> bool {
+        let Some(&(mut expected, _)) = history.last() else { return false };
+        for &(n, fence) in history.iter().rev() {
+            if n != expected || self.home_in(n, key) != Some(i) {
+                return false;
+            }
+            if now >= fence {
+                return true;
+            }
+            expected -= 1;
+        }
+        false
+    }
+
+    /// What home `i` sends, as the change samples see it.
+    fn home_sent(&mut self, i: usize, message: &DMessage) {
+        let key = match &message.body {
+            DBody::Refuse { key, reason: Refusal::Activating, .. } | DBody::Handover { key, .. } => key,
+            _ => return,
+        };
+        let Some(k) = self.scenario.base.keys.iter().position(|n| n == key) else { return };
+        match message.body {
+            DBody::Handover { .. } => self.changes.handover_sent(k, message.epoch),
+            _ => {
+                let breach = self.changes.refused_activating(i, k, message.epoch, self.now);
+                self.breaches(breach);
+            }
+        }
+    }
+
+    /// Marks the keys of node `i`'s open samples that it may grant now: adopted by handover and
+    /// holding its lease, or active for the key; and past its restart quarantine.
+    fn check_ready(&mut self, i: usize) {
+        let now = self.local(i);
+        let slot = &self.slots[i];
+        let (Some(core), Some(home)) = (slot.core.as_ref(), slot.home.as_ref()) else { return };
+        if now < home.quarantine_end(&core.current().timing) {
+            return;
+        }
+        // As `Home` decides, through the same authority: an adopted key on the current epoch's
+        // lease alone, any other by `home_active`.
+        let auth = HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned);
+        let mut ready = Vec::new();
+        for key in self.changes.unready(i) {
+            let name = &self.scenario.base.keys[key];
+            let adopted = home.is_adopted(name);
+            if (adopted && auth.holds_lease(now)) || (!adopted && auth.home_active(now, name)) {
+                ready.push((key, adopted));
+            }
+        }
+        for (key, adopted) in ready {
+            let breach = self.changes.ready(i, key, self.now, adopted);
+            self.breaches(breach);
+        }
+    }
+
+    fn breaches(&mut self, breaches: impl IntoIterator<Item = Breach>) {
+        for (at, detail) in breaches {
+            self.checker.violation(at, LockKind::ChangePause, detail);
         }
     }
 
@@ -672,7 +876,20 @@ impl LockWorld {
                     }
                 }
             }
-            Fault::LivenessPropose { .. } => {}
+            Fault::LivenessPropose { .. } => {
+                // Calm runs: an operator asks a running member of the newest epoch.
+                let newest = self.newest();
+                let members: Vec<usize> = (0..self.slots.len())
+                    .filter(|&j| newest.is_member(self.slots[j].id) && self.slots[j].core.is_some())
+                    .collect();
+                let Some(node) = self.rng.pick(&members) else { return };
+                let change = self.random_change();
+                let now = self.local(node);
+                if let Some(core) = self.slots[node].core.as_mut() {
+                    let _ = core.propose(now, change);
+                    self.pump(node, false);
+                }
+            }
         }
     }
 
@@ -1025,5 +1242,56 @@ impl LockWorld {
     /// Every handle id ever returned to scripted lockers (for tests).
     pub fn script_handles(&self) -> Vec<HandleId> {
         self.script_results.iter().filter_map(|(_, _, h)| h.as_ref().map(|h| h.id)).collect()
+    }
+}
+
+/// The epoch core as a home's [`Authority`], with the simulation's own bugs ([`SimBugs`]):
+/// `no_handover` never names the previous epoch's home, so the home adopts no handover;
+/// `same_home_wait` answers `home_active` false until the current epoch's activation instant
+/// (`fence`, from the node's ghost history), whether or not the key kept its home.
+struct HomeAuthority<'a> {
+    core: &'a EpochNode,
+    hide_previous: bool,
+    fence: Option<Instant>,
+}
+
+impl<'a> HomeAuthority<'a> {
+    fn new(core: &'a EpochNode, bugs: SimBugs, learned: &[(u64, Instant)]) -> HomeAuthority<'a> {
+        let fence = if bugs.same_home_wait { learned.last().map(|&(_, fence)| fence) } else { None };
+        HomeAuthority { core, hide_previous: bugs.no_handover, fence }
+    }
+}
+
+impl Authority for HomeAuthority<'_> {
+    fn epoch(&self) -> u64 {
+        Authority::epoch(self.core)
+    }
+
+    fn incarnation(&self) -> u64 {
+        Authority::incarnation(self.core)
+    }
+
+    fn timing(&self) -> Timing {
+        Authority::timing(self.core)
+    }
+
+    fn is_member(&self, node: NodeId) -> bool {
+        Authority::is_member(self.core, node)
+    }
+
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        Authority::home_of(self.core, key)
+    }
+
+    fn home_active(&self, now: Instant, key: &[u8]) -> bool {
+        Authority::home_active(self.core, now, key) && self.fence.is_none_or(|fence| now >= fence)
+    }
+
+    fn holds_lease(&self, now: Instant) -> bool {
+        Authority::holds_lease(self.core, now)
+    }
+
+    fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
+        if self.hide_previous { None } else { Authority::previous_home_of(self.core, key) }
     }
 }
