@@ -23,7 +23,7 @@ use keyhome_ring::{KeyDigest, NodeId, Ring};
 use crate::change::{Change, ChangeError};
 use crate::message::{Body, Message, Transmit};
 use crate::paxos::{Ballot, Proposer, Step, Vote};
-use crate::record::EpochRecord;
+use crate::record::{EpochRecord, Member};
 use crate::storage::{Durable, Write};
 use crate::time::{Instant, rate_margin};
 
@@ -419,6 +419,43 @@ impl EpochNode {
         self.begin_proposal(now, Some(change), value, 0);
         self.drain_local(now);
         Ok(())
+    }
+
+    /// **Unsafe.** Installs an epoch naming `members` without agreement, for a cluster that lost
+    /// a majority of its current members for good, and announces it to them.
+    ///
+    /// Its number is the current one plus `skip`, so that its fencing tokens exceed those of any
+    /// epoch the lost members might have chosen without this node learning it, provided they
+    /// went through fewer than `skip` epochs. Its activation wait is the longest any change from
+    /// the current epoch would have, so delegations granted under earlier epochs run out before
+    /// any home grants under it. What this cannot protect against: a lost member that is in fact
+    /// still running (it may keep granting under an epoch only it and others like it know). The
+    /// operator must make sure every member left out is stopped for good and never restarted with
+    /// its data.
+    pub fn recover_unsafe(
+        &mut self,
+        now: Instant,
+        members: Vec<Member>,
+        skip: u64,
+    ) -> Result<u64, ProposeError> {
+        let current = self.current().clone();
+        let number =
+            current.number.checked_add(skip.max(1)).ok_or(ProposeError::Change(ChangeError::NoOp))?;
+        let mut next = current.clone();
+        next.number = number;
+        next.members = members;
+        next.members.sort_by_key(|m| m.id);
+        next.activation_wait = current.timing.fence_bound().max(current.activation_wait);
+        next.validate().map_err(|e| ProposeError::Change(ChangeError::Invalid(e)))?;
+        if !next.is_member(self.config.id) {
+            return Err(ProposeError::NotMember { epoch: number });
+        }
+        self.proposal = None;
+        self.recover_at = None;
+        let announce: Vec<NodeId> = next.member_ids().filter(|&m| m != self.config.id).collect();
+        self.learn(now, next, &announce);
+        self.drain_local(now);
+        Ok(number)
     }
 
     /// Takes what the core produced since the last call.

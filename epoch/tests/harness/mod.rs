@@ -340,6 +340,14 @@ impl Cluster {
         result
     }
 
+    pub fn recover_unsafe(&mut self, id: u64, members: &[u64], skip: u64) -> Result<u64, ProposeError> {
+        let now = self.now;
+        let members = members.iter().map(|&m| member(m)).collect();
+        let result = self.node_mut(id).recover_unsafe(now, members, skip);
+        self.pump(id);
+        result
+    }
+
     /// Hands `message` from `from` to `to` at once, bypassing the queue and blocked links.
     pub fn handle(&mut self, from: u64, to: u64, message: Message) {
         let now = self.now;
