@@ -1,3 +1,24 @@
 //! The keyhome node: owns all I/O around the protocol cores.
+//!
+//! - [`runtime`]: the node process ([`Node`]): QUIC links, persistence, timers.
+//! - [`core`]: the three protocol state machines of one node and the glue between them.
+//! - [`api`]: the client API, server side; [`client`]: the Rust client.
+//! - [`embedded`]: locking in-process through a [`Node`].
+//! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
+//! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 
+pub mod api;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod core;
+pub mod embedded;
+pub mod pki;
+pub mod runtime;
+pub mod setup;
+pub mod status;
 pub mod store;
+pub mod wire;
+
+pub use embedded::{CheckError, LockGuard};
+pub use runtime::{Node, NodeError};

@@ -1,0 +1,290 @@
+//! The Rust client: talks to a node's client API over QUIC with a client (or operator)
+//! certificate.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), keyhome::client::ClientError> {
+//! use std::time::Duration;
+//! let profile = keyhome::config::ClientProfile::load("keyhome-dev/client.toml".as_ref())?;
+//! let client = keyhome::client::Client::connect(&profile).await?;
+//! let lock = client.lock(b"orders/42", Duration::from_secs(10), Duration::from_secs(5)).await?;
+//! println!("holding orders/42 with token {}", lock.token());
+//! lock.unlock(Some(b"done up to row 1200".to_vec())).await?;
+//! # Ok(()) }
+//! ```
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use keyhome_delegation::FencingToken;
+use keyhome_epoch::{Change, EpochRecord, NodeId};
+use rustls::pki_types::CertificateDer;
+
+use crate::config::{ClientProfile, ConfigError};
+use crate::pki::{self, Identity, PkiError};
+use crate::status::Status;
+use crate::wire::{self, ApiError, ClientEvent, ErrorKind, Locked, MAX_CLIENT_FRAME, Request, Response};
+
+/// Why a client call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Pki(#[from] PkiError),
+    #[error("cannot open a local socket: {0}")]
+    Socket(std::io::Error),
+    #[error("cannot connect to node {node} at {addr}: {reason}")]
+    Connect { node: u64, addr: SocketAddr, reason: String },
+    #[error("the connection to the node failed: {0}")]
+    Connection(#[from] quinn::ConnectionError),
+    #[error("talking to the node failed: {0}")]
+    Wire(#[from] wire::WireError),
+    #[error("the node closed the stream without an answer")]
+    NoAnswer,
+    #[error("the node answered something unexpected")]
+    Unexpected,
+    #[error("{}", .0.message)]
+    Api(ApiError),
+}
+
+impl ClientError {
+    /// The API error kind, if the node refused the request.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            ClientError::Api(e) => Some(e.kind),
+            _ => None,
+        }
+    }
+}
+
+/// A connection to one node's client API. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    conn: quinn::Connection,
+    _endpoint: quinn::Endpoint,
+}
+
+impl Client {
+    /// Connects with the files a profile names.
+    pub async fn connect(profile: &ClientProfile) -> Result<Client, ClientError> {
+        let identity = Identity::load(&profile.cert, &profile.key)?;
+        let ca = pki::load_ca(&profile.ca)?;
+        Client::connect_with(NodeId(profile.node), profile.addr, &identity, &ca).await
+    }
+
+    /// Connects to node `node` at `addr`, presenting `identity`, trusting `ca`.
+    pub async fn connect_with(
+        node: NodeId,
+        addr: SocketAddr,
+        identity: &Identity,
+        ca: &[CertificateDer<'static>],
+    ) -> Result<Client, ClientError> {
+        let config = pki::client_config(identity, ca, pki::ALPN_CLIENT)?;
+        let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
+            .parse()
+            .map_err(|_| ClientError::Unexpected)?;
+        let endpoint = quinn::Endpoint::client(bind).map_err(ClientError::Socket)?;
+        let connect_err = |reason: String| ClientError::Connect { node: node.0, addr, reason };
+        let conn = endpoint
+            .connect_with(config, addr, &pki::server_name(node))
+            .map_err(|e| connect_err(e.to_string()))?
+            .await
+            .map_err(|e| connect_err(e.to_string()))?;
+        // A TLS 1.3 client completes its handshake before the node has checked the client's
+        // certificate: wait for the node's confirmation, so that a refused certificate fails
+        // here, with the node's reason, rather than as a lost connection on the first request.
+        confirmed(&conn).await.map_err(|e| connect_err(e.to_string()))?;
+        Ok(Client { conn, _endpoint: endpoint })
+    }
+
+    async fn call(&self, request: &Request) -> Result<Response, ClientError> {
+        let (mut send, mut recv) = self.conn.open_bi().await?;
+        wire::write_frame(&mut send, request, MAX_CLIENT_FRAME).await?;
+        let _ = send.finish();
+        match wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME).await? {
+            Some(Response::Error(e)) => Err(ClientError::Api(e)),
+            Some(response) => Ok(response),
+            None => Err(ClientError::NoAnswer),
+        }
+    }
+
+    /// Locks `key` for `ttl`, waiting at most `wait`. The guard unlocks when dropped.
+    pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<ClientLock, ClientError> {
+        match self.call(&Request::Lock { key: key.to_vec(), ttl, wait }).await? {
+            Response::Locked(info) => Ok(ClientLock { client: self.clone(), info, done: false }),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Locks `key` only if the node can admit it at once.
+    pub async fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<ClientLock, ClientError> {
+        self.lock(key, ttl, Duration::ZERO).await
+    }
+
+    /// Extends handle `handle` to `ttl` from now; returns how long it is valid.
+    pub async fn renew(&self, handle: u64, ttl: Duration) -> Result<Duration, ClientError> {
+        match self.call(&Request::Renew { handle, ttl }).await? {
+            Response::Renewed { valid_for } => Ok(valid_for),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Ends handle `handle`, leaving `note` for the next holder.
+    pub async fn unlock(&self, handle: u64, note: Option<Vec<u8>>) -> Result<(), ClientError> {
+        match self.call(&Request::Unlock { handle, note }).await? {
+            Response::Unlocked => Ok(()),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Whether `token` is the newest admission of `key` its home knows of.
+    pub async fn check(&self, key: &[u8], token: FencingToken) -> Result<bool, ClientError> {
+        match self.call(&Request::Check { key: key.to_vec(), token }).await? {
+            Response::Checked { current } => Ok(current),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    pub async fn status(&self) -> Result<Status, ClientError> {
+        match self.call(&Request::Status).await? {
+            Response::Status(status) => Ok(*status),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    pub async fn epoch(&self) -> Result<EpochRecord, ClientError> {
+        match self.call(&Request::EpochShow).await? {
+            Response::Epoch(record) => Ok(*record),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Proposes a membership change (operator certificate); returns the epoch that includes it.
+    pub async fn propose(&self, change: Change) -> Result<u64, ClientError> {
+        match self.call(&Request::Propose(change)).await? {
+            Response::Proposed { epoch } => Ok(epoch),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// **Unsafe** recovery of a cluster that lost its majority for good (operator certificate);
+    /// returns the new epoch's number. See docs/operations.md, "Disaster recovery".
+    pub async fn recover_unsafe(
+        &self,
+        members: Vec<keyhome_epoch::Member>,
+        stopped: Vec<NodeId>,
+        skip: u64,
+    ) -> Result<u64, ClientError> {
+        match self.call(&Request::RecoverUnsafe { members, stopped, skip }).await? {
+            Response::Proposed { epoch } => Ok(epoch),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
+    /// Lost-handle events for the handles of this connection.
+    pub async fn events(&self) -> Result<Events, ClientError> {
+        let (mut send, recv) = self.conn.open_bi().await?;
+        wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
+        Ok(Events { _send: send, recv })
+    }
+}
+
+/// Resolves once the node has confirmed the handshake (QUIC HANDSHAKE_DONE, sent after it verified
+/// the client's certificate), or fails with why the connection closed (at the latest at the idle
+/// timeout).
+async fn confirmed(conn: &quinn::Connection) -> Result<(), quinn::ConnectionError> {
+    let mut wait = Duration::from_millis(1);
+    loop {
+        if conn.stats().frame_rx.handshake_done > 0 {
+            return Ok(());
+        }
+        if let Some(e) = conn.close_reason() {
+            return Err(e);
+        }
+        tokio::select! {
+            e = conn.closed() => return Err(e),
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// A stream of [`ClientEvent`]s.
+pub struct Events {
+    _send: quinn::SendStream,
+    recv: quinn::RecvStream,
+}
+
+impl Events {
+    /// The next event; `None` once the connection ends.
+    pub async fn next(&mut self) -> Option<ClientEvent> {
+        wire::read_frame(&mut self.recv, MAX_CLIENT_FRAME).await.ok().flatten()
+    }
+}
+
+/// A lock held through a [`Client`]. Dropping it unlocks in the background (without a note).
+#[must_use = "dropping the lock unlocks it"]
+pub struct ClientLock {
+    client: Client,
+    info: Locked,
+    done: bool,
+}
+
+impl ClientLock {
+    /// The handle number, for [`Client::renew`] and [`Client::unlock`].
+    pub fn handle(&self) -> u64 {
+        self.info.handle
+    }
+
+    pub fn token(&self) -> FencingToken {
+        self.info.token
+    }
+
+    /// How long the lock was valid when the node answered.
+    pub fn valid_for(&self) -> Duration {
+        self.info.valid_for
+    }
+
+    pub fn note(&self) -> Option<&[u8]> {
+        self.info.note.as_deref()
+    }
+
+    pub fn recovered(&self) -> bool {
+        self.info.recovered
+    }
+
+    /// Extends the lock to `ttl` from now.
+    pub async fn renew(&mut self, ttl: Duration) -> Result<Duration, ClientError> {
+        let valid_for = self.client.renew(self.info.handle, ttl).await?;
+        self.info.valid_for = valid_for;
+        Ok(valid_for)
+    }
+
+    /// Unlocks, leaving `note` for the next holder.
+    pub async fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), ClientError> {
+        self.done = true;
+        self.client.unlock(self.info.handle, note).await
+    }
+
+    /// Keeps the lock held after the guard is gone (until its ttl, or an explicit unlock by
+    /// handle); returns the handle number.
+    pub fn forget(mut self) -> u64 {
+        self.done = true;
+        self.info.handle
+    }
+}
+
+impl Drop for ClientLock {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            let handle = self.info.handle;
+            rt.spawn(async move {
+                let _ = client.unlock(handle, None).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! The node's clock: a boot-time monotonic clock, the only clock the protocol cores are fed.
+//!
+//! Rust's `std::time::Instant` (and tokio's) read `CLOCK_MONOTONIC`, which stops while the machine
+//! is suspended. A lease holder that trusted it would, after a resume, believe its leases still
+//! had the time they had before the suspend while every other node's clock had moved on. This
+//! clock reads `CLOCK_BOOTTIME`, which keeps counting through a suspend, so a suspended holder
+//! finds its deadlines passed when it wakes. The remaining error (rate drift) is what the epoch's
+//! `clock_rate_ppm` bound covers: every deadline the cores compute is widened by that margin.
+//!
+//! Timers are slept on tokio's clock, which may wake late after a suspend; the runtime therefore
+//! never sleeps longer than [`MAX_SLEEP`] at a time and re-reads this clock on every wake.
+
+use std::time::Duration;
+
+use keyhome_epoch::Instant;
+
+/// Longest single sleep of a timer loop: after a suspend, deadlines are noticed within this long.
+pub const MAX_SLEEP: Duration = Duration::from_millis(250);
+
+/// `CLOCK_BOOTTIME`, as [`Instant`]s counted from the moment the clock was created.
+#[derive(Clone, Copy, Debug)]
+pub struct BootClock {
+    origin: Duration,
+}
+
+impl BootClock {
+    pub fn new() -> BootClock {
+        BootClock { origin: boottime() }
+    }
+
+    /// The current reading. Never decreases.
+    pub fn now(&self) -> Instant {
+        let since = boottime().saturating_sub(self.origin);
+        Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// How long from now until `at` (zero if it has passed).
+    pub fn until(&self, at: Instant) -> Duration {
+        at.saturating_duration_since(self.now())
+    }
+}
+
+impl Default for BootClock {
+    fn default() -> BootClock {
+        BootClock::new()
+    }
+}
+
+fn boottime() -> Duration {
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
+    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+}

@@ -1,0 +1,232 @@
+//! The files a node and its clients read: the node's TOML configuration, the cluster's genesis,
+//! and a client profile. Every relative path in a file is relative to the file's directory.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use keyhome_epoch::{EpochRecord, Member, NodeId, RecordError, Timing};
+use serde::{Deserialize, Serialize};
+
+/// Why a file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("cannot write {path}: {source}")]
+    Write { path: PathBuf, source: std::io::Error },
+    #[error("{path} is not valid: {source}")]
+    Parse { path: PathBuf, source: Box<toml::de::Error> },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+    #[error("the genesis in {path} is not a valid epoch: {source}")]
+    Genesis { path: PathBuf, source: RecordError },
+}
+
+/// Largest configuration file read: anything larger is a mistake.
+const MAX_FILE: u64 = 1 << 20;
+
+fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigError> {
+    let read_err = |source| ConfigError::Read { path: path.to_path_buf(), source };
+    let len = std::fs::metadata(path).map_err(read_err)?.len();
+    if len > MAX_FILE {
+        return Err(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("{len} bytes is larger than the {MAX_FILE}-byte limit"),
+        });
+    }
+    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), source: Box::new(e) })
+}
+
+/// Writes `value` as TOML to `path`.
+pub fn write_toml<T: Serialize>(path: &Path, value: &T) -> Result<(), ConfigError> {
+    let text = toml::to_string(value).map_err(|e| ConfigError::Invalid {
+        path: path.to_path_buf(),
+        message: format!("cannot encode: {e}"),
+    })?;
+    std::fs::write(path, text).map_err(|source| ConfigError::Write { path: path.to_path_buf(), source })
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() { p.to_path_buf() } else { base.join(p) }
+}
+
+fn dir_of(path: &Path) -> PathBuf {
+    path.parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// A node's configuration file (`keyhome run --config node.toml`). Defaults in brackets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's id; must match its certificate.
+    pub id: u64,
+    /// UDP address of the node's QUIC endpoint, for peers and clients alike (they are told apart
+    /// by ALPN and certificate role). Must match this node's address in the epoch.
+    pub listen: SocketAddr,
+    /// UDP address of the client API. Default: the same socket as `listen` when that is a
+    /// loopback address, else port `listen.port()` on loopback (127.0.0.1 or ::1), so that only
+    /// local applications reach it. Set it to `listen` to serve clients on the peer address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_listen: Option<SocketAddr>,
+    /// Where the node keeps its redb database (`state.redb`).
+    pub data_dir: PathBuf,
+    /// The cluster CA certificate (PEM).
+    pub ca: PathBuf,
+    /// This node's certificate and key (PEM), issued by `keyhome certs issue --node ID`.
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The genesis file, read only when the node starts for the first time.
+    pub genesis: PathBuf,
+    /// Local lock settings.
+    #[serde(default)]
+    pub locks: LockSettings,
+}
+
+/// Tuning of the delegation layer on one node; all durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LockSettings {
+    /// Delegation lease asked for (capped by the epoch's `max_delegation_lease`) [10 000].
+    pub delegation_lease_ms: u64,
+    /// After a recall, how long a local holder may finish before it is revoked [1 000].
+    pub recall_grace_ms: u64,
+    /// An unused delegation is released after this long [2 000].
+    pub idle_release_ms: u64,
+    /// After an unclean expiry, a key this node homes is kept from everyone this long [0: off].
+    pub lock_delay_ms: u64,
+    /// When a client's connection drops, its handles are released after this long [5 000].
+    pub session_grace_ms: u64,
+}
+
+impl Default for LockSettings {
+    fn default() -> LockSettings {
+        LockSettings {
+            delegation_lease_ms: 10_000,
+            recall_grace_ms: 1_000,
+            idle_release_ms: 2_000,
+            lock_delay_ms: 0,
+            session_grace_ms: 5_000,
+        }
+    }
+}
+
+impl LockSettings {
+    pub fn session_grace(&self) -> Duration {
+        Duration::from_millis(self.session_grace_ms)
+    }
+}
+
+impl NodeConfig {
+    /// Reads `path` and resolves its relative paths against the file's directory.
+    pub fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
+        let mut config: NodeConfig = read_toml(path)?;
+        let base = dir_of(path);
+        for p in
+            [&mut config.data_dir, &mut config.ca, &mut config.cert, &mut config.key, &mut config.genesis]
+        {
+            *p = resolve(&base, p);
+        }
+        Ok(config)
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        NodeId(self.id)
+    }
+
+    /// The client API's own address, or `None` when clients share the peer socket.
+    pub fn client_endpoint(&self) -> Option<SocketAddr> {
+        let loopback = |port| match self.listen {
+            SocketAddr::V4(_) => SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+            SocketAddr::V6(_) => SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+        };
+        match self.client_listen {
+            Some(addr) if addr == self.listen => None,
+            Some(addr) => Some(addr),
+            None if self.listen.ip().is_loopback() => None,
+            None => Some(loopback(self.listen.port())),
+        }
+    }
+
+    /// The node's database file.
+    pub fn store_path(&self) -> PathBuf {
+        self.data_dir.join("state.redb")
+    }
+}
+
+/// The cluster's first epoch, as `keyhome init` writes it. Durations in milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenesisFile {
+    pub home_lease_ms: u64,
+    pub max_delegation_lease_ms: u64,
+    pub clock_rate_ppm: u32,
+    pub members: Vec<GenesisMember>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenesisMember {
+    pub id: u64,
+    pub addr: String,
+}
+
+impl GenesisFile {
+    pub fn new(members: &[(NodeId, String)], timing: Timing) -> GenesisFile {
+        GenesisFile {
+            home_lease_ms: millis(timing.home_lease),
+            max_delegation_lease_ms: millis(timing.max_delegation_lease),
+            clock_rate_ppm: timing.clock_rate_ppm,
+            members: members
+                .iter()
+                .map(|(id, addr)| GenesisMember { id: id.0, addr: addr.clone() })
+                .collect(),
+        }
+    }
+
+    pub fn load(path: &Path) -> Result<GenesisFile, ConfigError> {
+        read_toml(path)
+    }
+
+    /// The genesis epoch record, validated.
+    pub fn record(&self, path: &Path) -> Result<EpochRecord, ConfigError> {
+        let timing = Timing {
+            home_lease: Duration::from_millis(self.home_lease_ms),
+            max_delegation_lease: Duration::from_millis(self.max_delegation_lease_ms),
+            clock_rate_ppm: self.clock_rate_ppm,
+        };
+        let members =
+            self.members.iter().map(|m| Member { id: NodeId(m.id), addr: m.addr.clone() }).collect();
+        EpochRecord::genesis(members, timing)
+            .map_err(|source| ConfigError::Genesis { path: path.to_path_buf(), source })
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// What a client needs to reach a node: `keyhome dev` and `keyhome certs issue --client` write
+/// one (`client.toml`); the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientProfile {
+    /// The node to talk to: its id (checked against its certificate) and address.
+    pub node: u64,
+    pub addr: SocketAddr,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ClientProfile {
+    pub fn load(path: &Path) -> Result<ClientProfile, ConfigError> {
+        let mut profile: ClientProfile = read_toml(path)?;
+        let base = dir_of(path);
+        for p in [&mut profile.ca, &mut profile.cert, &mut profile.key] {
+            *p = resolve(&base, p);
+        }
+        Ok(profile)
+    }
+}

@@ -1,0 +1,147 @@
+//! Embedded mode: a Rust program runs a [`Node`] in-process and locks through it directly, with
+//! no loopback hop. A lock whose key's delegation this node holds is admitted under one mutex,
+//! without any message or await.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyhome_delegation::{FencingToken, HandleId, LockError};
+use keyhome_epoch::{Change, Instant, ProposeError};
+use tokio::sync::oneshot;
+
+use crate::core::Owner;
+use crate::runtime::{Node, Shared};
+use crate::status::Status;
+
+/// Why a token check failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    #[error("the key's home did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+impl Node {
+    /// Locks `key` for `ttl` if that needs no message (this node holds the key's delegation and
+    /// nobody holds the key locally); otherwise fails with [`LockError::WouldBlock`] and asks the
+    /// key's home for the delegation in the background.
+    pub fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<LockGuard, LockError> {
+        let handle = self.shared.with_core(|core, now| core.try_lock(now, key, ttl, Owner::Embedded))?;
+        Ok(LockGuard::new(&self.shared, handle))
+    }
+
+    /// Locks `key` for `ttl`, waiting at most `wait` for it.
+    pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<LockGuard, LockError> {
+        let (tx, rx) = oneshot::channel();
+        let outcome =
+            self.shared.with_core(|core, now| core.lock(now, key, ttl, wait, Owner::Embedded, || tx))?;
+        let handle = match outcome {
+            Ok(handle) => handle,
+            Err(ticket) => crate::runtime::await_lock(&self.shared, ticket, rx).await?,
+        };
+        Ok(LockGuard::new(&self.shared, handle))
+    }
+
+    /// Whether `token` is the newest admission `key`'s home knows of.
+    pub async fn check(
+        &self,
+        key: &[u8],
+        token: FencingToken,
+        timeout: Duration,
+    ) -> Result<bool, CheckError> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.with_core(|core, now| core.check(now, key.to_vec(), token, tx))?;
+        match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(current)) => Ok(current),
+            _ => Err(CheckError::Timeout(timeout)),
+        }
+    }
+
+    /// Proposes a membership change through this node; resolves with the epoch that includes it.
+    pub async fn propose(&self, change: Change) -> Result<u64, ProposeError> {
+        let (tx, rx) = oneshot::channel();
+        self.shared.with_core(|core, now| core.propose(now, change, tx))?;
+        rx.await.unwrap_or(Err(ProposeError::Removed))
+    }
+
+    /// This node's status.
+    pub fn status(&self) -> Status {
+        self.shared.status()
+    }
+
+    /// The current epoch.
+    pub fn epoch(&self) -> keyhome_epoch::EpochRecord {
+        self.shared.with_core(|core, _| core.epoch.current().clone())
+    }
+}
+
+/// A held lock. Dropping it unlocks (without a note); [`LockGuard::unlock`] leaves one.
+#[must_use = "dropping the guard unlocks at once"]
+pub struct LockGuard {
+    shared: Arc<Shared>,
+    handle: HandleId,
+    token: FencingToken,
+    deadline: Instant,
+    note: Option<Vec<u8>>,
+    recovered: bool,
+    done: bool,
+}
+
+impl LockGuard {
+    fn new(shared: &Arc<Shared>, handle: keyhome_delegation::Handle) -> LockGuard {
+        LockGuard {
+            shared: Arc::clone(shared),
+            handle: handle.id,
+            token: handle.token,
+            deadline: handle.deadline,
+            note: handle.note,
+            recovered: handle.recovered,
+            done: false,
+        }
+    }
+
+    /// The fencing token to present to resources: greater than every earlier holder's.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The previous holder's handoff note.
+    pub fn note(&self) -> Option<&[u8]> {
+        self.note.as_deref()
+    }
+
+    /// The previous holder's delegation expired: it may have stopped halfway.
+    pub fn recovered(&self) -> bool {
+        self.recovered
+    }
+
+    /// Time left before the lock must be renewed (zero once it has passed).
+    pub fn valid_for(&self) -> Duration {
+        self.shared.clock.until(self.deadline)
+    }
+
+    /// Extends the lock to `ttl` from now (bounded by its delegation); returns the time left.
+    pub fn renew(&mut self, ttl: Duration) -> Result<Duration, LockError> {
+        let handle = self.handle;
+        let deadline = self.shared.with_core(|core, now| core.renew(now, handle, ttl))?;
+        self.deadline = deadline;
+        Ok(self.valid_for())
+    }
+
+    /// Unlocks, leaving `note` for the next holder.
+    pub fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), LockError> {
+        self.done = true;
+        let handle = self.handle;
+        self.shared.with_core(|core, now| core.unlock(now, handle, note))
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.done {
+            let handle = self.handle;
+            let _ = self.shared.with_core(|core, now| core.unlock(now, handle, None));
+        }
+    }
+}

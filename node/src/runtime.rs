@@ -1,0 +1,691 @@
+//! The node runtime: drives one [`Core`] on tokio, with QUIC links to every peer, a persistence
+//! thread in front of redb, and a timer task.
+//!
+//! # Threads and locks
+//!
+//! The core lives behind one mutex. Every input (a peer frame, a client request, an embedded
+//! call, a timer, a finished write) takes the lock, calls into the core with a fresh reading of
+//! the [`BootClock`], and, before releasing it, hands what the core produced to the links (frames,
+//! by `try_send` into each peer's bounded queue) and to the persistence thread (epoch writes, in
+//! the order the core produced them). Nothing under the lock waits for I/O.
+//!
+//! # Durability
+//!
+//! The first epoch `Ready` of a run (the new incarnation) is committed before the node opens its
+//! port, so no grant under an incarnation that might not survive a crash can leave. Afterwards the
+//! persistence thread commits each job with an fsync and only then queues its messages and calls
+//! `advance`. A failed commit stops the node: the core sends nothing more and the process exits.
+//!
+//! # Peer links
+//!
+//! Each node dials each peer it has something to send to, once, and keeps that connection and one
+//! unidirectional stream open for everything it sends; frames it receives arrive on the peers'
+//! own connections. (Two connections per pair, one per direction, so no dial race ever has to be
+//! resolved.) A link that fails drops the frames queued behind it, since the cores resend what
+//! matters, and reconnects after a jittered exponential backoff (50 ms doubling to 2 s).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use keyhome_delegation::{Handle, HolderConfig, HomeConfig, LockError, Ticket};
+use keyhome_epoch::{EpochNode, Instant, NodeId, Storage};
+use keyhome_ring::ROUTING_VERSION;
+use tokio::sync::{Notify, mpsc, oneshot, watch};
+
+use crate::clock::{BootClock, MAX_SLEEP};
+use crate::config::{ConfigError, GenesisFile, NodeConfig};
+use crate::core::{Core, PersistJob};
+use crate::pki::{self, Identity, Role};
+use crate::store::{RedbStore, StoreError};
+use crate::wire::{self, CloseCode, MAX_PEER_FRAME, PeerFrame};
+
+/// Frames queued per peer link before further frames to that peer are dropped.
+const LINK_QUEUE: usize = 4096;
+/// Reconnection backoff bounds.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Why a node could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Pki(#[from] pki::PkiError),
+    #[error("the certificate {path} names {found:?}, but this node is node {expected}")]
+    WrongIdentity { path: std::path::PathBuf, found: Role, expected: NodeId },
+    #[error("the store {path} belongs to node {found}, but the configuration says node {expected}")]
+    StoreIdentity { path: std::path::PathBuf, found: NodeId, expected: NodeId },
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir { path: std::path::PathBuf, source: std::io::Error },
+    #[error("cannot listen on {addr}: {source}")]
+    Listen { addr: SocketAddr, source: std::io::Error },
+    #[error("a durable write failed, so the node stopped: {0}")]
+    WriteFailed(String),
+}
+
+/// Everything the runtime's tasks share.
+pub(crate) struct Shared {
+    pub id: NodeId,
+    pub clock: BootClock,
+    core: Mutex<Core>,
+    /// Wakes the timer task when an input made the next deadline earlier than it planned for.
+    timer: Notify,
+    /// The instant (nanos) the timer task will wake at; `u64::MAX` while it computes.
+    planned: AtomicU64,
+    links: Mutex<HashMap<NodeId, Link>>,
+    persist: std::sync::mpsc::Sender<PersistJob>,
+    /// The peer endpoint (`listen`), which also serves clients when they share it.
+    pub endpoint: quinn::Endpoint,
+    /// The client API's own endpoint, when it has one (see [`NodeConfig::client_endpoint`]).
+    client_endpoint: Option<quinn::Endpoint>,
+    peer_client: quinn::ClientConfig,
+    genesis_digest: [u8; 32],
+    pub shutdown: watch::Sender<bool>,
+    /// Why the node stopped by itself, if it did.
+    failure: Mutex<Option<String>>,
+    pub config: NodeConfig,
+    pub api: crate::api::Sessions,
+    rt: tokio::runtime::Handle,
+}
+
+/// The sending side of one peer link.
+struct Link {
+    tx: mpsc::Sender<PeerFrame>,
+    connected: Arc<AtomicBool>,
+}
+
+/// A running node. Dropping it does not stop it; call [`Node::shutdown`].
+pub struct Node {
+    pub(crate) shared: Arc<Shared>,
+    persist_thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Node {
+    /// Starts the node described by `config` on the current tokio runtime: creates its store from
+    /// the genesis file on the first start, commits the new incarnation, opens the QUIC endpoint
+    /// and begins talking to its peers.
+    pub async fn start(config: NodeConfig) -> Result<Node, NodeError> {
+        let id = config.node_id();
+        let identity = Identity::load(&config.cert, &config.key)?;
+        let ca = pki::load_ca(&config.ca)?;
+        match identity.role()? {
+            Role::Node(found) if found == id => {}
+            found => return Err(NodeError::WrongIdentity { path: config.cert.clone(), found, expected: id }),
+        }
+        let mut store = open_store(&config)?;
+        if store.identity() != id {
+            return Err(NodeError::StoreIdentity {
+                path: store.path().to_path_buf(),
+                found: store.identity(),
+                expected: id,
+            });
+        }
+        let durable =
+            store.load()?.ok_or_else(|| StoreError::Missing { path: store.path().to_path_buf() })?;
+        let genesis_digest = durable.genesis_digest;
+
+        let clock = BootClock::new();
+        let now = clock.now();
+        let seed =
+            u64::from_le_bytes(genesis_digest[..8].try_into().unwrap_or_default()) ^ id.0 ^ now.as_nanos();
+        let epoch = EpochNode::start(keyhome_epoch::Config::new(id, seed), durable, now);
+        let settings = &config.locks;
+        let mut home = HomeConfig::new(id);
+        home.lock_delay = Duration::from_millis(settings.lock_delay_ms);
+        let mut holder = HolderConfig::new(id);
+        holder.lease = Duration::from_millis(settings.delegation_lease_ms);
+        holder.grace = Duration::from_millis(settings.recall_grace_ms);
+        holder.idle_release = Duration::from_millis(settings.idle_release_ms);
+        let mut core = Core::new(epoch, home, holder, now);
+        // The incarnation (and anything else the start wrote) is durable before the port opens.
+        for job in core.start_writes() {
+            store.commit(&job.writes)?;
+            core.persisted(clock.now(), job);
+        }
+
+        let server = pki::server_config(&identity, &ca)?;
+        let peer_client = pki::client_config(&identity, &ca, pki::ALPN_PEER)?;
+        let endpoint = quinn::Endpoint::server(server, config.listen)
+            .map_err(|source| NodeError::Listen { addr: config.listen, source })?;
+        let client_endpoint = match config.client_endpoint() {
+            Some(addr) => Some(
+                quinn::Endpoint::server(pki::server_config(&identity, &ca)?, addr)
+                    .map_err(|source| NodeError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
+        let (persist_tx, persist_rx) = std::sync::mpsc::channel();
+        let (shutdown, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            id,
+            clock,
+            core: Mutex::new(core),
+            timer: Notify::new(),
+            planned: AtomicU64::new(u64::MAX),
+            links: Mutex::new(HashMap::new()),
+            persist: persist_tx,
+            endpoint,
+            client_endpoint,
+            peer_client,
+            genesis_digest,
+            shutdown,
+            failure: Mutex::new(None),
+            api: crate::api::Sessions::new(config.locks.session_grace()),
+            config,
+            rt: tokio::runtime::Handle::current(),
+        });
+        let persist_thread = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name(format!("keyhome-persist-{id}"))
+                .spawn(move || persist_loop(shared, store, persist_rx))
+                .map_err(|e| NodeError::WriteFailed(format!("cannot start the persistence thread: {e}")))?
+        };
+        tokio::spawn(timer_loop(Arc::clone(&shared)));
+        let shares_clients = shared.client_endpoint.is_none();
+        tokio::spawn(accept_loop(
+            Arc::clone(&shared),
+            shared.endpoint.clone(),
+            Serves { peers: true, clients: shares_clients },
+        ));
+        if let Some(endpoint) = shared.client_endpoint.clone() {
+            tokio::spawn(accept_loop(Arc::clone(&shared), endpoint, Serves { peers: false, clients: true }));
+        }
+        shared.with_core(|core, now| core.handle_timeout(now));
+        tracing::info!(node = %id, addr = %shared.config.listen, "node started");
+        Ok(Node { shared, persist_thread: Some(persist_thread) })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.shared.id
+    }
+
+    /// The address of the client API (the peer endpoint's, when clients share it).
+    pub fn client_addr(&self) -> Option<SocketAddr> {
+        self.shared.client_endpoint.as_ref().unwrap_or(&self.shared.endpoint).local_addr().ok()
+    }
+
+    /// The address the node's QUIC endpoint is bound to.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.shared.endpoint.local_addr().ok()
+    }
+
+    /// Resolves when the node has stopped by itself (a failed write) or was asked to stop.
+    pub async fn stopped(&self) {
+        let mut rx = self.shared.shutdown.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Why the node stopped by itself, if it did.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.shared.failure).clone()
+    }
+
+    /// Stops the node: releases every delegation this node holds (so their keys pass on at once),
+    /// waits up to `drain` for the releases to leave, then closes every connection.
+    pub async fn shutdown(mut self, drain: Duration) {
+        let shared = Arc::clone(&self.shared);
+        shared.with_core(|core, now| core.release_all(now));
+        // The releases are queued on the links; let them leave.
+        let deadline = tokio::time::Instant::now() + drain;
+        while tokio::time::Instant::now() < deadline && !shared.links_idle() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20).min(drain)).await;
+        shared.stop(None);
+        shared.endpoint.close(CloseCode::Shutdown.into(), b"node shutting down");
+        if let Some(endpoint) = &shared.client_endpoint {
+            endpoint.close(CloseCode::Shutdown.into(), b"node shutting down");
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(1), shared.endpoint.wait_idle()).await;
+        if let Some(thread) = self.persist_thread.take() {
+            // It notices the stop within `MAX_SLEEP`; a commit in progress finishes first.
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
+    let path = config.store_path();
+    if path.exists() {
+        return Ok(RedbStore::open(&path)?);
+    }
+    std::fs::create_dir_all(&config.data_dir)
+        .map_err(|source| NodeError::DataDir { path: config.data_dir.clone(), source })?;
+    let genesis = GenesisFile::load(&config.genesis)?.record(&config.genesis)?;
+    tracing::info!(path = %path.display(), "first start: creating the store from the genesis");
+    Ok(RedbStore::create(&path, &genesis, config.node_id())?)
+}
+
+/// Locks a mutex, taking over a poisoned one: every critical section leaves the data consistent
+/// (the cores never panic on input), so a panic elsewhere must not stop the node from serving.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Shared {
+    /// Runs `f` on the core at the current instant, then hands what it produced to the links, the
+    /// persistence thread and the client sessions.
+    pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Instant) -> R) -> R {
+        let mut core = lock(&self.core);
+        let now = self.clock.now();
+        let result = f(&mut core, now);
+        for job in core.take_persist() {
+            if self.persist.send(job).is_err() {
+                core.fail();
+            }
+        }
+        let out = core.take_outbox();
+        if !out.is_empty() {
+            self.transmit(&mut core, out);
+        }
+        if core.take_epoch_changed() {
+            self.retire_links(&core);
+        }
+        let lost = core.take_lost();
+        if let Some(next) = core.poll_timeout()
+            && next.as_nanos() < self.planned.load(Ordering::Acquire)
+        {
+            self.timer.notify_one();
+        }
+        drop(core);
+        if !lost.is_empty() {
+            self.api.report_lost(lost);
+        }
+        result
+    }
+
+    /// Queues frames on their peers' links, starting links as needed.
+    fn transmit(self: &Arc<Self>, core: &mut Core, out: Vec<(NodeId, PeerFrame)>) {
+        let mut links = lock(&self.links);
+        for (to, frame) in out {
+            let link = links.entry(to).or_insert_with(|| self.spawn_link(to));
+            if link.tx.try_send(frame).is_err() {
+                core.counters.peer_dropped += 1;
+            }
+        }
+    }
+
+    /// Ends the links to nodes the current epoch no longer names.
+    fn retire_links(&self, core: &Core) {
+        lock(&self.links).retain(|id, _| core.addr_of(*id).is_some());
+    }
+
+    fn spawn_link(self: &Arc<Self>, peer: NodeId) -> Link {
+        let (tx, rx) = mpsc::channel(LINK_QUEUE);
+        let connected = Arc::new(AtomicBool::new(false));
+        self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&connected)));
+        Link { tx, connected }
+    }
+
+    /// Whether every link has written everything queued on it.
+    fn links_idle(&self) -> bool {
+        lock(&self.links).values().all(|l| l.tx.capacity() == l.tx.max_capacity())
+    }
+
+    /// Whether this node has an open connection to `peer`.
+    pub fn connected(&self, peer: NodeId) -> bool {
+        lock(&self.links).get(&peer).is_some_and(|l| l.connected.load(Ordering::Relaxed))
+    }
+
+    /// Stops every task; `failure` says why, if the node stops by itself.
+    pub fn stop(&self, failure: Option<String>) {
+        if let Some(f) = failure {
+            tracing::error!("{f}");
+            lock(&self.failure).get_or_insert(f);
+        }
+        self.shutdown.send_replace(true);
+    }
+
+    /// The node's status, for `keyhome status`.
+    pub fn status(self: &Arc<Self>) -> crate::status::Status {
+        let (mut status, peers) = self.with_core(|core, now| (core.status(now), core.peer_ids()));
+        for m in &mut status.members {
+            m.connected =
+                m.id == self.id.0 || (peers.contains(&NodeId(m.id)) && self.connected(NodeId(m.id)));
+        }
+        status
+    }
+
+    fn hello(&self) -> PeerFrame {
+        let epoch = lock(&self.core).epoch.current().number;
+        PeerFrame::Hello { genesis_digest: self.genesis_digest, ring_version: ROUTING_VERSION, epoch }
+    }
+}
+
+/// Waits for a pending lock. If the caller stops waiting (the future is dropped), the lock is
+/// cancelled, or given back at once if it was admitted in the meantime.
+pub(crate) async fn await_lock(
+    shared: &Arc<Shared>,
+    ticket: Ticket,
+    reply: oneshot::Receiver<Result<Handle, LockError>>,
+) -> Result<Handle, LockError> {
+    struct Pending<'a> {
+        shared: &'a Arc<Shared>,
+        ticket: Ticket,
+        reply: Option<oneshot::Receiver<Result<Handle, LockError>>>,
+    }
+    impl Drop for Pending<'_> {
+        fn drop(&mut self) {
+            let Some(mut reply) = self.reply.take() else { return };
+            reply.close();
+            let admitted = reply.try_recv();
+            self.shared.with_core(|core, now| match admitted {
+                Ok(Ok(handle)) => {
+                    let _ = core.unlock(now, handle.id, handle.note);
+                }
+                _ => {
+                    core.cancel(now, self.ticket);
+                }
+            });
+        }
+    }
+    let mut pending = Pending { shared, ticket, reply: Some(reply) };
+    let result = match pending.reply.as_mut() {
+        Some(reply) => reply.await,
+        None => return Err(LockError::Timeout),
+    };
+    pending.reply = None;
+    // The sender is only dropped when the node stops.
+    result.unwrap_or(Err(LockError::Timeout))
+}
+
+/// Resolves once the node is stopping.
+pub(crate) async fn stopping(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+// ---- tasks ----
+
+fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc::Receiver<PersistJob>) {
+    let stop = shared.shutdown.subscribe();
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        let job = match jobs.recv_timeout(MAX_SLEEP) {
+            Ok(job) => job,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        match store.commit(&job.writes) {
+            Ok(()) => shared.with_core(|core, now| core.persisted(now, job)),
+            Err(e) => {
+                shared.with_core(|core, _| core.fail());
+                shared.stop(Some(format!("a durable write failed, so the node stopped: {e}")));
+                return;
+            }
+        }
+    }
+}
+
+async fn timer_loop(shared: Arc<Shared>) {
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        let next = lock(&shared.core).poll_timeout();
+        let wait = next.map_or(MAX_SLEEP, |t| shared.clock.until(t).min(MAX_SLEEP));
+        let planned = shared.clock.now() + wait;
+        shared.planned.store(planned.as_nanos(), Ordering::Release);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shared.timer.notified() => {}
+            _ = stopping(&mut stop) => return,
+        }
+        // This task's own call must not wake it again (with `planned` at `u64::MAX` it stored a
+        // permit on every round, so the task never slept); an input that runs meanwhile is seen by
+        // the `poll_timeout` at the top of the loop, which reads it after `planned` is `u64::MAX`.
+        shared.planned.store(0, Ordering::Release);
+        shared.with_core(|core, now| {
+            if core.poll_timeout().is_some_and(|t| t <= now) {
+                core.handle_timeout(now);
+            }
+        });
+        shared.planned.store(u64::MAX, Ordering::Release);
+    }
+}
+
+/// Which protocols an endpoint serves.
+#[derive(Clone, Copy)]
+struct Serves {
+    peers: bool,
+    clients: bool,
+}
+
+async fn accept_loop(shared: Arc<Shared>, endpoint: quinn::Endpoint, serves: Serves) {
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        let incoming = tokio::select! {
+            incoming = endpoint.accept() => incoming,
+            _ = stopping(&mut stop) => return,
+        };
+        let Some(incoming) = incoming else { return };
+        tokio::spawn(serve_connection(Arc::clone(&shared), incoming, serves));
+    }
+}
+
+async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming, serves: Serves) {
+    let remote = incoming.remote_address();
+    let conn = match incoming.await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::info!(%remote, "handshake refused: {e}");
+            return;
+        }
+    };
+    let alpn = conn
+        .handshake_data()
+        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
+        .and_then(|h| h.protocol);
+    let role = match pki::peer_role(&conn) {
+        Ok(role) => role,
+        Err(e) => {
+            tracing::warn!(%remote, "certificate names no keyhome role: {e}");
+            conn.close(CloseCode::WrongRole.into(), b"certificate names no keyhome role");
+            return;
+        }
+    };
+    match (alpn.as_deref(), role) {
+        (Some(pki::ALPN_PEER), Role::Node(peer)) if serves.peers => serve_peer(shared, conn, peer).await,
+        (Some(pki::ALPN_CLIENT), role @ (Role::Client(_) | Role::Operator)) if serves.clients => {
+            crate::api::serve(shared, conn, role).await
+        }
+        (alpn, role) => {
+            tracing::warn!(%remote, ?role, "refused: a {role:?} certificate on protocol {:?}", alpn.map(String::from_utf8_lossy));
+            conn.close(
+                CloseCode::WrongRole.into(),
+                b"this certificate's role may not use this protocol on this port (clients: use the client address)",
+            );
+        }
+    }
+}
+
+async fn serve_peer(shared: Arc<Shared>, conn: quinn::Connection, peer: NodeId) {
+    while let Ok(recv) = conn.accept_uni().await {
+        tokio::spawn(read_peer_stream(Arc::clone(&shared), conn.clone(), peer, recv));
+    }
+}
+
+async fn read_peer_stream(
+    shared: Arc<Shared>,
+    conn: quinn::Connection,
+    peer: NodeId,
+    mut recv: quinn::RecvStream,
+) {
+    let close = |code: CloseCode, reason: String| {
+        tracing::warn!(%peer, "closing the peer's connection: {reason}");
+        conn.close(code.into(), reason.as_bytes());
+    };
+    match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
+        Ok(Some(PeerFrame::Hello { genesis_digest, ring_version, epoch })) => {
+            // A node no epoch this node learned names may still be ahead of it (a member of a
+            // later epoch, telling it about that epoch): it is heard only if it says so.
+            let (known, current) = {
+                let core = lock(&shared.core);
+                (core.is_known(peer), core.epoch.current().number)
+            };
+            if !known && epoch <= current {
+                return close(
+                    CloseCode::NotMember,
+                    format!("node {peer} is not a member of any epoch this node knows (up to {current})"),
+                );
+            }
+            if genesis_digest != shared.genesis_digest {
+                return close(
+                    CloseCode::Mismatch,
+                    "the peer belongs to another cluster (genesis digest differs)".into(),
+                );
+            }
+            if ring_version != ROUTING_VERSION {
+                return close(
+                    CloseCode::Mismatch,
+                    format!("the peer routes by ring version {ring_version}, this node by {ROUTING_VERSION}"),
+                );
+            }
+        }
+        Ok(Some(_)) => return close(CloseCode::BadFrame, "the first frame of a stream must be Hello".into()),
+        Ok(None) => return,
+        Err(e) => return close(CloseCode::BadFrame, format!("bad frame: {e}")),
+    }
+    loop {
+        match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
+            Ok(Some(frame)) => shared.with_core(|core, now| core.handle_frame(now, peer, frame)),
+            Ok(None) => return,
+            Err(wire::WireError::Read(_)) => return,
+            Err(e) => return close(CloseCode::BadFrame, format!("bad frame: {e}")),
+        }
+    }
+}
+
+async fn run_link(
+    shared: Arc<Shared>,
+    peer: NodeId,
+    mut rx: mpsc::Receiver<PeerFrame>,
+    connected: Arc<AtomicBool>,
+) {
+    let mut stop = shared.shutdown.subscribe();
+    let mut backoff = Backoff::new(shared.id.0 ^ peer.0.rotate_left(32));
+    loop {
+        if *stop.borrow() {
+            return;
+        }
+        // Retired (the peer left the current epoch) with nothing left to send: the link ends; a
+        // later frame starts a new one.
+        if rx.is_closed() && rx.is_empty() {
+            return;
+        }
+        // A node removed from the current epoch is still reached at its last address: it must
+        // hear of the epoch that removed it (to hand its keys over), and it asks until it does.
+        let addr = lock(&shared.core).link_addr(peer);
+        let Some(addr) = addr else {
+            return;
+        };
+        match connect(&shared, peer, &addr).await {
+            Ok((conn, mut send)) => {
+                backoff.reset();
+                connected.store(true, Ordering::Relaxed);
+                tracing::debug!(%peer, %addr, "link up");
+                loop {
+                    tokio::select! {
+                        frame = rx.recv() => match frame {
+                            Some(frame) => {
+                                if let Err(e) = wire::write_frame(&mut send, &frame, MAX_PEER_FRAME).await {
+                                    tracing::debug!(%peer, "link write failed: {e}");
+                                    break;
+                                }
+                            }
+                            None => {
+                                // Retired: let what was written reach the peer before the
+                                // connection is dropped (dropping it discards unsent data).
+                                let _ = send.finish();
+                                let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+                                return;
+                            }
+                        },
+                        _ = conn.closed() => break,
+                        _ = stopping(&mut stop) => return,
+                    }
+                }
+                connected.store(false, Ordering::Relaxed);
+                tracing::debug!(%peer, "link down");
+            }
+            Err(e) => tracing::debug!(%peer, %addr, "cannot connect: {e}"),
+        }
+        // What queued while the link was down is dropped: the cores resend what matters.
+        let mut dropped = 0;
+        while rx.try_recv().is_ok() {
+            dropped += 1;
+        }
+        if dropped > 0 {
+            shared.with_core(|core, _| core.counters.peer_dropped += dropped);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.next()) => {}
+            _ = stopping(&mut stop) => return,
+        }
+    }
+}
+
+/// Why a link could not be set up.
+#[derive(Debug, thiserror::Error)]
+enum ConnectError {
+    #[error("address {0:?} does not resolve")]
+    Resolve(String),
+    #[error(transparent)]
+    Connect(#[from] quinn::ConnectError),
+    #[error(transparent)]
+    Connection(#[from] quinn::ConnectionError),
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+}
+
+async fn connect(
+    shared: &Arc<Shared>,
+    peer: NodeId,
+    addr: &str,
+) -> Result<(quinn::Connection, quinn::SendStream), ConnectError> {
+    let sock = tokio::net::lookup_host(addr)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ConnectError::Resolve(addr.to_string()))?;
+    let conn =
+        shared.endpoint.connect_with(shared.peer_client.clone(), sock, &pki::server_name(peer))?.await?;
+    let mut send = conn.open_uni().await?;
+    wire::write_frame(&mut send, &shared.hello(), MAX_PEER_FRAME).await?;
+    Ok((conn, send))
+}
+
+/// Jittered exponential backoff.
+struct Backoff {
+    next: Duration,
+    rng: u64,
+}
+
+impl Backoff {
+    fn new(seed: u64) -> Backoff {
+        Backoff { next: BACKOFF_MIN, rng: seed | 1 }
+    }
+
+    fn reset(&mut self) {
+        self.next = BACKOFF_MIN;
+    }
+
+    /// The next delay: uniformly within [d/2, d], where d doubles per call up to the maximum.
+    fn next(&mut self) -> Duration {
+        // xorshift64
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        let d = self.next;
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+        let half = d / 2;
+        half + Duration::from_nanos(self.rng % (half.as_nanos() as u64).max(1))
+    }
+}

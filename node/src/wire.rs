@@ -1,0 +1,232 @@
+//! What crosses a QUIC stream: length-prefixed postcard frames, and the frame types of the peer
+//! and client protocols.
+//!
+//! A frame is a 4-byte big-endian length followed by that many bytes of postcard. The length is
+//! checked against the stream's limit before anything is allocated, and a frame must decode
+//! exactly (no trailing bytes). Any violation is a [`WireError`] that closes the stream (and, on a
+//! peer connection, the connection) with a clear reason; the node keeps serving everyone else.
+
+use std::time::Duration;
+
+use keyhome_delegation::FencingToken;
+use keyhome_epoch::{Change, EpochRecord, NodeId};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+/// Largest peer frame: an epoch record of 1024 members with 255-byte addresses, twice over (an
+/// accept carries one, a vote may carry one), fits well within it.
+pub const MAX_PEER_FRAME: usize = 1 << 20;
+/// Largest client frame: keys and notes are capped far below this.
+pub const MAX_CLIENT_FRAME: usize = 64 << 10;
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("frame of {len} bytes exceeds the limit of {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("malformed frame: {0}")]
+    Decode(#[from] postcard::Error),
+    #[error("stream ended inside a frame")]
+    Truncated,
+    #[error("stream read failed: {0}")]
+    Read(#[from] quinn::ReadExactError),
+    #[error("stream write failed: {0}")]
+    Write(#[from] quinn::WriteError),
+}
+
+/// Encodes `value` as one frame (length prefix included).
+pub fn encode<T: Serialize>(value: &T, max: usize) -> Result<Vec<u8>, WireError> {
+    let mut buf = postcard::to_extend(value, vec![0u8; 4])?;
+    let len = buf.len() - 4;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let prefix = u32::try_from(len).map_err(|_| WireError::TooLarge { len, max })?;
+    buf[..4].copy_from_slice(&prefix.to_be_bytes());
+    Ok(buf)
+}
+
+/// Writes one frame.
+pub async fn write_frame<T: Serialize>(
+    send: &mut quinn::SendStream,
+    value: &T,
+    max: usize,
+) -> Result<(), WireError> {
+    send.write_all(&encode(value, max)?).await?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream between frames.
+pub async fn read_frame<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    max: usize,
+) -> Result<Option<T>, WireError> {
+    let mut prefix = [0u8; 4];
+    match recv.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(quinn::ReadExactError::FinishedEarly(_)) => return Err(WireError::Truncated),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > max {
+        return Err(WireError::TooLarge { len, max });
+    }
+    let mut body = vec![0u8; len];
+    recv.read_exact(&mut body).await.map_err(|e| match e {
+        quinn::ReadExactError::FinishedEarly(_) => WireError::Truncated,
+        e => e.into(),
+    })?;
+    Ok(Some(postcard::from_bytes(&body)?))
+}
+
+// ---- peer protocol (ALPN `keyhome/1`) ----
+
+/// One frame on a peer stream. Each stream starts with a [`PeerFrame::Hello`].
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum PeerFrame {
+    /// First frame of every stream: peers of different clusters or ring versions refuse to talk.
+    Hello {
+        genesis_digest: [u8; 32],
+        ring_version: u32,
+        epoch: u64,
+    },
+    Epoch(keyhome_epoch::Message),
+    Delegation(keyhome_delegation::Message),
+}
+
+/// Why a peer connection is closed, sent as the QUIC application close code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum CloseCode {
+    /// The certificate names no node, or a node no known epoch names.
+    NotMember = 1,
+    /// The peer belongs to another cluster (genesis digest) or routes by another ring version.
+    Mismatch = 2,
+    /// The peer sent a frame that is oversized, malformed or out of order.
+    BadFrame = 3,
+    /// The node is shutting down.
+    Shutdown = 4,
+    /// A client certificate was used on the peer port, or a node certificate on the client port.
+    WrongRole = 5,
+}
+
+impl From<CloseCode> for quinn::VarInt {
+    fn from(code: CloseCode) -> quinn::VarInt {
+        quinn::VarInt::from_u32(code as u32)
+    }
+}
+
+// ---- client protocol (ALPN `keyhome-client/1`) ----
+
+/// A client request: one per bidirectional stream, answered by one [`Response`]; except
+/// [`Request::Subscribe`], answered by a stream of [`ClientEvent`]s.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Lock `key` for `ttl`, waiting at most `wait` (zero: only if it can be admitted at once).
+    Lock { key: Vec<u8>, ttl: Duration, wait: Duration },
+    /// Extend a handle to `ttl` from now (bounded by its delegation).
+    Renew { handle: u64, ttl: Duration },
+    /// End a handle, leaving `note` for the next holder of the key.
+    Unlock { handle: u64, note: Option<Vec<u8>> },
+    /// Ask the key's home whether `token` is the newest admission it knows of.
+    Check { key: Vec<u8>, token: FencingToken },
+    /// The node's status.
+    Status,
+    /// The node's current epoch.
+    EpochShow,
+    /// Operator only: change the membership.
+    Propose(Change),
+    /// Operator only, **unsafe**: install an epoch naming `members` without agreement, numbered
+    /// `skip` past the current one, for a cluster that lost its majority for good. `stopped` must
+    /// list exactly the current members left out, confirming the operator stopped them for good.
+    /// See docs/operations.md, "Disaster recovery".
+    RecoverUnsafe { members: Vec<keyhome_epoch::Member>, stopped: Vec<NodeId>, skip: u64 },
+    /// Stream [`ClientEvent`]s for handles this connection holds.
+    Subscribe,
+}
+
+/// A lock admitted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Locked {
+    /// Names the handle in [`Request::Renew`] and [`Request::Unlock`].
+    pub handle: u64,
+    pub token: FencingToken,
+    /// How long the handle is valid from the moment the node answered.
+    pub valid_for: Duration,
+    /// The previous holder's handoff note.
+    pub note: Option<Vec<u8>>,
+    /// The previous holder's delegation expired rather than being released cleanly.
+    pub recovered: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Response {
+    Locked(Locked),
+    /// The handle is valid for this long from now.
+    Renewed {
+        valid_for: Duration,
+    },
+    Unlocked,
+    Checked {
+        current: bool,
+    },
+    Status(Box<crate::status::Status>),
+    Epoch(Box<EpochRecord>),
+    /// The change became part of this epoch.
+    Proposed {
+        epoch: u64,
+    },
+    Error(ApiError),
+}
+
+/// A failed request, as the client sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+/// What kind of failure; decides whether retrying can help.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// Not admitted within the wait (or at once, for a zero wait). Retry later.
+    Timeout,
+    /// The lock was lost (revoked after a recall, or its deadline passed).
+    Lost,
+    /// The request is invalid (key too long, zero ttl, note too large, unknown handle…).
+    Invalid,
+    /// The key's home refused, or is unreachable; retrying may help.
+    Unavailable,
+    /// The client's certificate does not allow this request.
+    Forbidden,
+    /// An operator change was refused or failed.
+    Epoch,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ApiError {
+        ApiError { kind, message: message.into() }
+    }
+}
+
+/// Something the node tells a subscribed client without being asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientEvent {
+    /// A handle of this connection was lost: its next use fails.
+    Lost { handle: u64, key: Vec<u8>, reason: LostReason },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LostReason {
+    /// The key's home recalled the delegation and the grace period ran out.
+    Recalled,
+    /// The handle's ttl or its delegation ran out.
+    Expired,
+}
+
+/// Nodes are named by number on the command line and in files.
+pub fn parse_node_id(s: &str) -> Result<NodeId, std::num::ParseIntError> {
+    s.parse().map(NodeId)
+}

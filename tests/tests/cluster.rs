@@ -1,0 +1,502 @@
+//! Multi-process tests: clusters of real `keyhome run` processes on loopback, driven through the
+//! Rust client, the CLI and raw QUIC connections. Every test lays out its own cluster in a fresh
+//! temporary directory on its own ports; the harness kills every process it started when the test
+//! ends, passes or panics.
+
+#[path = "cluster/harness.rs"]
+mod harness;
+
+use std::time::{Duration, Instant};
+
+use harness::{Cluster, Options, PATIENCE, home_of, key_homed_on};
+use keyhome::pki::{self, Role};
+use keyhome::status::Status;
+use keyhome::wire::{
+    self, CloseCode, ErrorKind, MAX_CLIENT_FRAME, MAX_PEER_FRAME, PeerFrame, Request, Response,
+};
+use keyhome_delegation::FencingToken;
+use keyhome_epoch::{Change, NodeId};
+
+/// A ttl long enough that no test's handle runs out while the test uses it.
+const TTL: Duration = Duration::from_secs(20);
+
+/// Starts a cluster and waits until every node serves epoch 1.
+async fn started(options: Options) -> Cluster {
+    let cluster = Cluster::start(options);
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    cluster
+}
+
+// ---- 1 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_form_a_cluster_from_genesis() {
+    let cluster = started(Options::default()).await;
+    // The CLI's view, as an operator would read it: `keyhome status --json` on every node (polled,
+    // as the lease of a loaded node may lapse for a moment between renewals).
+    for id in cluster.ids() {
+        let profile = cluster.profile_file(&Role::Client("app".into()), id);
+        let status =
+            harness::eventually(PATIENCE, &format!("node {id}'s CLI status shows it serving"), || {
+                let out = cluster.cli(&["status", "--json", "--profile", profile.to_str().unwrap()]);
+                assert!(
+                    out.status.success(),
+                    "keyhome status failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let status: Status = serde_json::from_slice(&out.stdout).expect("status --json parses");
+                std::future::ready(harness::ready(&status, 1).then_some(status))
+            })
+            .await;
+        assert_eq!(status.id, id);
+        assert_eq!(status.epoch, 1);
+        assert_eq!(status.incarnation, 1, "node {id}: a first start is incarnation 1");
+        assert_eq!(status.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert!(status.members.iter().all(|m| m.connected), "node {id}: {status:?}");
+        let lease = status.home_lease_left.expect("a home lease");
+        assert!(
+            lease <= cluster.options.timing.home_lease,
+            "node {id}: lease {lease:?} longer than the epoch's"
+        );
+    }
+    let profile = cluster.profile_file(&Role::Operator, 2);
+    let out = cluster.cli(&["epoch", "show", "--json", "--profile", profile.to_str().unwrap()]);
+    assert!(out.status.success(), "keyhome epoch show failed: {}", String::from_utf8_lossy(&out.stderr));
+    let epoch: serde_json::Value = serde_json::from_slice(&out.stdout).expect("epoch show --json parses");
+    assert_eq!(epoch["number"], 1);
+    assert_eq!(epoch["members"].as_array().map(Vec::len), Some(3));
+}
+
+// ---- 2 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_hands_off_between_nodes_with_the_note() {
+    // Node 1 gives its idle delegation back (with the note) 400 ms after the unlock; a 2 s lease
+    // leaves a wide margin before the home could expire it instead (which would drop the note).
+    let mut options = Options::default();
+    options.timing.max_delegation_lease = Duration::from_secs(2);
+    options.locks.delegation_lease_ms = 2000;
+    let cluster = started(options).await;
+    let key = b"orders/handoff";
+    let (n1, n2) = (cluster.client(1).await, cluster.client(2).await);
+
+    let first = n1.lock(key, TTL, PATIENCE).await.expect("lock through node 1");
+    let t1 = first.token();
+    first.unlock(Some(b"n1".to_vec())).await.expect("unlock through node 1");
+
+    let second = n2.lock(key, TTL, PATIENCE).await.expect("lock through node 2");
+    assert_eq!(second.note(), Some(&b"n1"[..]), "node 2's holder sees node 1's handoff note");
+    assert!(!second.recovered(), "a clean unlock is not a recovery");
+    assert!(second.token() > t1, "tokens increase: {} then {}", t1, second.token());
+    second.unlock(None).await.expect("unlock through node 2");
+}
+
+// ---- 3 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_relock_sends_no_cluster_message() {
+    // A delegation long enough that it is not renewed during the measurement (the holder renews a
+    // busy delegation half-way through its lease: 1.5 s after the first request here; the re-locks
+    // take milliseconds), and kept while idle for longer than that.
+    let mut options = Options::default();
+    options.timing.max_delegation_lease = Duration::from_secs(3);
+    options.locks.delegation_lease_ms = 3000;
+    options.locks.idle_release_ms = 2000;
+    let cluster = started(options).await;
+    // Homed on node 2, locked through node 1: any delegation traffic would cross the network.
+    let key = key_homed_on("cached", &[1, 2, 3], 2);
+    let n1 = cluster.client(1).await;
+    n1.lock(&key, TTL, PATIENCE).await.expect("first lock").unlock(None).await.expect("first unlock");
+
+    let before = [cluster.status(1).await.counters, cluster.status(2).await.counters];
+    const RELOCKS: u64 = 20;
+    for i in 0..RELOCKS {
+        let held =
+            n1.try_lock(&key, TTL).await.unwrap_or_else(|e| panic!("re-lock {i} was not immediate: {e}"));
+        held.unlock(None).await.expect("unlock");
+    }
+    let after = [cluster.status(1).await.counters, cluster.status(2).await.counters];
+
+    assert_eq!(
+        after[0].locks_immediate,
+        before[0].locks_immediate + RELOCKS,
+        "every re-lock admitted at once"
+    );
+    assert_eq!(after[0].locks, before[0].locks + RELOCKS);
+    assert_eq!(after[0].delegation_sent, before[0].delegation_sent, "the holder sent no delegation message");
+    assert_eq!(after[0].delegation_received, before[0].delegation_received, "the holder received none");
+    assert_eq!(after[0].local_delivered, before[0].local_delivered, "nor did it talk to itself");
+    assert_eq!(after[1].delegation_received, before[1].delegation_received, "the home heard nothing");
+    assert_eq!(after[1].delegation_sent, before[1].delegation_sent, "the home sent nothing");
+}
+
+// ---- 4 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_holder_key_passes_on_after_the_lease_as_recovered() {
+    let mut cluster = started(Options::default()).await;
+    let key = key_homed_on("holder-dies", &[1, 2, 3], 1);
+    let n2 = cluster.client(2).await;
+    let held = n2.lock(&key, TTL, PATIENCE).await.expect("lock through node 2");
+    let t2 = held.token();
+    let _ = held.forget();
+
+    cluster.kill(2);
+
+    let n3 = cluster.client(3).await;
+    let next = n3.lock(&key, TTL, PATIENCE).await.expect("lock through node 3 once node 2's lease ran out");
+    assert!(next.recovered(), "the previous holder died holding the key: the next holder must be told");
+    assert_eq!(next.note(), None);
+    assert!(next.token() > t2, "tokens increase: {} then {}", t2, next.token());
+}
+
+// ---- 5 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_home_stalls_its_keys_only() {
+    let mut cluster = started(Options::default()).await;
+    let stalled = key_homed_on("stalls", &[1, 2, 3], 3);
+    let other = key_homed_on("works", &[1, 2, 3], 2);
+
+    cluster.kill(3);
+
+    let n1 = cluster.client(1).await;
+    let wait = Duration::from_millis(500);
+    let started = Instant::now();
+    let err = n1.lock(&stalled, TTL, wait).await.err().expect("a key whose home is dead cannot be locked");
+    assert_eq!(err.kind(), Some(ErrorKind::Timeout), "{err}");
+    assert!(started.elapsed() < wait + Duration::from_secs(10), "the wait was not respected");
+
+    let held = n1.lock(&other, TTL, PATIENCE).await.expect("a key homed on a live node still locks");
+    held.unlock(None).await.expect("unlock");
+}
+
+// ---- 6 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_dead_node_rehomes_its_keys() {
+    let mut cluster = started(Options::default()).await;
+    let key = key_homed_on("rehomed", &[1, 2, 3], 3);
+    cluster.kill(3);
+    let n1 = cluster.client(1).await;
+    let err =
+        n1.lock(&key, TTL, Duration::from_millis(200)).await.err().expect("stalled while node 3 is dead");
+    assert_eq!(err.kind(), Some(ErrorKind::Timeout), "{err}");
+
+    let operator = cluster.operator(1).await;
+    let proposed = Instant::now();
+    let epoch = operator.propose(Change::Remove(NodeId(3))).await.expect("the operator removes node 3");
+    assert_eq!(epoch, 2);
+    let record = operator.epoch().await.expect("epoch show");
+    assert_eq!(record.number, 2);
+    assert_eq!(record.members.iter().map(|m| m.id.0).collect::<Vec<_>>(), vec![1, 2]);
+    assert!(!record.activation_wait.is_zero());
+
+    let held = n1.lock(&key, TTL, PATIENCE).await.expect("the key locks again under its new home");
+    let elapsed = proposed.elapsed();
+    println!(
+        "dead node removed: the key locked {elapsed:?} after the proposal; activation wait {:?}",
+        record.activation_wait
+    );
+    // Node 3 is dead, so nothing was handed over: the new home waited the activation wait after it
+    // learned epoch 2, which was after the proposal started.
+    assert!(
+        elapsed >= record.activation_wait.mul_f64(0.95),
+        "granted {elapsed:?} after the proposal, before the activation wait {:?} ran out",
+        record.activation_wait
+    );
+    assert_ne!(home_of(&key, &[1, 2]), 3);
+    held.unlock(None).await.expect("unlock");
+    cluster.wait_ready(&[1, 2], 2).await;
+}
+
+// ---- 7 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_node_keeps_tokens_increasing() {
+    let mut cluster = started(Options::default()).await;
+    let key = key_homed_on("restart", &[1, 2, 3], 1);
+    let n1 = cluster.client(1).await;
+    let held = n1.lock(&key, TTL, PATIENCE).await.expect("lock through node 1, the key's home");
+    let before = held.token();
+    held.unlock(None).await.expect("unlock");
+    let incarnation = cluster.status(1).await.incarnation;
+
+    cluster.kill(1);
+    cluster.start_node(1);
+    let status = cluster.wait_status(1, "restarted and serving", |s| harness::ready(s, 1)).await;
+    assert!(status.incarnation > incarnation, "a restart is a new incarnation: {status:?}");
+
+    let n1 = cluster.client(1).await;
+    let held = n1.lock(&key, TTL, PATIENCE).await.expect("lock through the restarted node");
+    assert!(held.token() > before, "tokens increase across the restart: {before} then {}", held.token());
+    assert!(held.token().incarnation > before.incarnation);
+    held.unlock(None).await.expect("unlock");
+}
+
+// ---- 8 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn planned_removal_rehomes_keys_without_the_lease_wait() {
+    // Long delegations, so the activation wait (home lease + delegation lease, widened) is seconds
+    // while a handover takes milliseconds. Idle delegations go back quickly.
+    let mut options = Options::default();
+    options.timing.max_delegation_lease = Duration::from_secs(4);
+    options.locks.delegation_lease_ms = 4000;
+    options.locks.idle_release_ms = 200;
+    let cluster = started(options).await;
+    let key = key_homed_on("planned", &[1, 2, 3], 3);
+
+    let n3 = cluster.client(3).await;
+    let held = n3.lock(&key, TTL, PATIENCE).await.expect("lock through node 3, the key's home");
+    let before = held.token();
+    held.unlock(Some(b"n3".to_vec())).await.expect("unlock");
+    // The idle delegation goes back to the home; no delegation of the key is live.
+    cluster
+        .wait_status(3, "no delegation held or granted", |s| s.holder_keys == 0 && s.homed_delegations == 0)
+        .await;
+
+    let operator = cluster.operator(1).await;
+    let n1 = cluster.client(1).await;
+    let proposed = Instant::now();
+    let epoch = operator.propose(Change::Remove(NodeId(3))).await.expect("the operator removes node 3");
+    assert_eq!(epoch, 2);
+    let held = n1.lock(&key, TTL, PATIENCE).await.expect("lock under the key's new home");
+    let elapsed = proposed.elapsed();
+
+    let record = operator.epoch().await.expect("epoch show");
+    println!(
+        "live node removed: the key locked {elapsed:?} after the proposal; activation wait {:?}",
+        record.activation_wait
+    );
+    assert_eq!(record.number, 2);
+    assert!(record.activation_wait >= Duration::from_secs(4), "{record:?}");
+    assert!(
+        elapsed < record.activation_wait / 2,
+        "the key took {elapsed:?} to move; the handover should spare the activation wait {:?}",
+        record.activation_wait
+    );
+    assert_eq!(held.note(), Some(&b"n3"[..]), "the handover carries the note");
+    assert!(!held.recovered(), "the handover vouches for a clean release");
+    assert!(held.token() > before, "tokens increase across the move: {before} then {}", held.token());
+    held.unlock(None).await.expect("unlock");
+}
+
+// ---- 9 ----
+
+/// Connects to node `node` at `addr` with `config`: `Ok` once the node confirmed the handshake,
+/// `Err` with the reason if it refused it. (A TLS 1.3 client completes its side of the handshake
+/// before the server has checked the client's certificate; the server's HANDSHAKE_DONE is the
+/// confirmation.)
+async fn attempt(
+    config: quinn::ClientConfig,
+    node: u64,
+    addr: std::net::SocketAddr,
+) -> Result<quinn::Connection, String> {
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let conn =
+        match endpoint.connect_with(config, addr, &pki::server_name(NodeId(node))).expect("connect").await {
+            Ok(conn) => conn,
+            Err(e) => return Err(format!("handshake: {e}")),
+        };
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        if conn.stats().frame_rx.handshake_done > 0 {
+            return Ok(conn);
+        }
+        if let Some(e) = conn.close_reason() {
+            return Err(format!("closed: {e}"));
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("node {node} neither confirmed nor refused the handshake within {PATIENCE:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_from_another_ca_are_refused() {
+    let cluster = started(Options::default()).await;
+    let ca = pki::load_ca(cluster.dir.join("ca.pem")).expect("cluster CA");
+    let addr = cluster.addr(1);
+
+    // Control: node 2's own certificate is accepted on the peer protocol.
+    let own = pki::Identity::load(cluster.node_dir(2).join("cert.pem"), cluster.node_dir(2).join("key.pem"))
+        .unwrap();
+    let config = pki::client_config(&own, &ca, pki::ALPN_PEER).unwrap();
+    let conn = attempt(config, 1, addr).await.expect("the cluster's own node certificate");
+    conn.close(0u32.into(), b"done");
+
+    // Another cluster: its own CA, a certificate for node 2 from it.
+    let other = tempfile::tempdir().unwrap();
+    keyhome::setup::init(other.path(), &[(NodeId(2), addr.to_string())], cluster.options.timing).unwrap();
+    let other_ca = keyhome::setup::load_ca(other.path()).unwrap();
+    let foreign = pki::issue(&other_ca, &Role::Node(NodeId(2))).unwrap().identity().unwrap();
+    let config = pki::client_config(&foreign, &ca, pki::ALPN_PEER).unwrap();
+    let refused =
+        attempt(config, 1, addr).await.expect_err("a node certificate from another CA was accepted");
+    println!("node certificate from another CA: {refused}");
+    assert!(refused.contains("certificate"), "the reason names the certificate: {refused}");
+
+    // A client certificate from another CA: the client API refuses it.
+    let dir = keyhome::setup::issue(other.path(), &other_ca, &Role::Client("app".into())).unwrap();
+    let mut profile = cluster.client_profile(1);
+    profile.cert = dir.join("cert.pem");
+    profile.key = dir.join("key.pem");
+    let refused = keyhome::client::Client::connect(&profile)
+        .await
+        .err()
+        .expect("a foreign client certificate connected");
+    println!("client certificate from another CA: {refused}");
+    assert!(refused.to_string().contains("certificate"), "the error names the certificate: {refused}");
+
+    // The node still serves its own cluster.
+    cluster.wait_ready(&[1], 1).await;
+}
+
+// ---- 10 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificate_cannot_propose() {
+    let cluster = started(Options::default()).await;
+    let client = cluster.client(1).await;
+    let err =
+        client.propose(Change::Remove(NodeId(3))).await.expect_err("a client certificate proposed a change");
+    assert_eq!(err.kind(), Some(ErrorKind::Forbidden), "{err}");
+    assert_eq!(client.epoch().await.expect("epoch show").number, 1, "nothing changed");
+    // The same request through the CLI with the client profile fails too.
+    let profile = cluster.dir.join("client-app/profile.toml");
+    let out = cluster.cli(&["epoch", "propose", "--remove", "3", "--profile", profile.to_str().unwrap()]);
+    assert!(!out.status.success(), "keyhome epoch propose with a client profile succeeded");
+    assert_eq!(cluster.status(2).await.epoch, 1);
+}
+
+// ---- 11 ----
+
+/// Sends `bytes` as one client-API request on a new stream of `conn`; returns the node's answer.
+async fn raw_request(conn: &quinn::Connection, bytes: &[u8]) -> Response {
+    let (mut send, mut recv) = conn.open_bi().await.expect("open a stream");
+    send.write_all(bytes).await.expect("write");
+    send.finish().expect("finish");
+    let answer = tokio::time::timeout(PATIENCE, wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME));
+    answer
+        .await
+        .expect("an answer in time")
+        .expect("a well-formed answer")
+        .expect("an answer, not the end of the stream")
+}
+
+/// Opens a peer stream on `conn`, sends `bytes`, and returns how the node closed the connection.
+async fn raw_peer_stream(conn: &quinn::Connection, bytes: &[u8]) -> quinn::ConnectionError {
+    let mut send = conn.open_uni().await.expect("open a peer stream");
+    send.write_all(bytes).await.expect("write");
+    let _ = send.finish();
+    tokio::time::timeout(PATIENCE, conn.closed()).await.expect("the node closes the connection")
+}
+
+fn application_close(e: &quinn::ConnectionError) -> (u64, String) {
+    match e {
+        quinn::ConnectionError::ApplicationClosed(close) => {
+            (close.error_code.into_inner(), String::from_utf8_lossy(&close.reason).into_owned())
+        }
+        other => panic!("expected an application close, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_and_oversized_frames_are_refused_and_the_node_keeps_serving() {
+    let cluster = started(Options::default()).await;
+    let addr = cluster.addr(1);
+    let ca = pki::load_ca(cluster.dir.join("ca.pem")).expect("cluster CA");
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+
+    // Client API: a malformed body, an oversized length prefix, a truncated frame.
+    let app = keyhome::setup::identity_dir(&cluster.dir, &Role::Client("app".into()));
+    let identity = pki::Identity::load(app.join("cert.pem"), app.join("key.pem")).unwrap();
+    let config = pki::client_config(&identity, &ca, pki::ALPN_CLIENT).unwrap();
+    let conn =
+        endpoint.connect_with(config, addr, &pki::server_name(NodeId(1))).unwrap().await.expect("connect");
+    let garbage = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+    let oversized = (MAX_CLIENT_FRAME as u32 + 1).to_be_bytes();
+    let truncated = [0, 0, 0, 100, 1, 2, 3];
+    for (what, bytes) in
+        [("malformed", &garbage[..]), ("oversized", &oversized[..]), ("truncated", &truncated[..])]
+    {
+        match raw_request(&conn, bytes).await {
+            Response::Error(e) => {
+                assert_eq!(e.kind, ErrorKind::Invalid, "{what}: {e:?}");
+                assert!(e.message.contains("malformed request"), "{what}: {e:?}");
+                println!("{what} request: {}", e.message);
+            }
+            other => panic!("{what} request answered {other:?}"),
+        }
+    }
+    // The same connection still serves a well-formed request.
+    let lock =
+        wire::encode(&Request::Lock { key: b"frames".to_vec(), ttl: TTL, wait: PATIENCE }, MAX_CLIENT_FRAME)
+            .unwrap();
+    let handle = match raw_request(&conn, &lock).await {
+        Response::Locked(locked) => locked.handle,
+        other => panic!("a lock after bad frames answered {other:?}"),
+    };
+    let unlock = wire::encode(&Request::Unlock { handle, note: None }, MAX_CLIENT_FRAME).unwrap();
+    assert!(matches!(raw_request(&conn, &unlock).await, Response::Unlocked));
+    conn.close(0u32.into(), b"done");
+
+    // Peer protocol, with node 2's own certificate: a garbage Hello, an oversized frame, a Hello
+    // from another cluster. Each closes that connection with a reason.
+    let node2 = cluster.node_dir(2);
+    let identity = pki::Identity::load(node2.join("cert.pem"), node2.join("key.pem")).unwrap();
+    let peer_config = pki::client_config(&identity, &ca, pki::ALPN_PEER).unwrap();
+    let foreign_hello = wire::encode(
+        &PeerFrame::Hello { genesis_digest: [7; 32], ring_version: keyhome_ring::ROUTING_VERSION, epoch: 1 },
+        MAX_PEER_FRAME,
+    )
+    .unwrap();
+    let oversized = (MAX_PEER_FRAME as u32 + 1).to_be_bytes();
+    for (what, bytes, code) in [
+        ("malformed hello", &garbage[..], CloseCode::BadFrame),
+        ("oversized frame", &oversized[..], CloseCode::BadFrame),
+        ("hello of another cluster", &foreign_hello[..], CloseCode::Mismatch),
+    ] {
+        let conn = endpoint
+            .connect_with(peer_config.clone(), addr, &pki::server_name(NodeId(1)))
+            .unwrap()
+            .await
+            .expect("connect");
+        let (got, reason) = application_close(&raw_peer_stream(&conn, bytes).await);
+        assert_eq!(got, code as u64, "{what}: closed with code {got} ({reason})");
+        assert!(!reason.is_empty(), "{what}: no reason given");
+        println!("{what}: closed with code {got}: {reason}");
+    }
+
+    // Node 1 still talks to its real peers and serves clients: everyone connected, and a key
+    // homed on node 2 locks through node 1 (delegation messages both ways).
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    let key = key_homed_on("after-frames", &[1, 2, 3], 2);
+    let held = cluster.client(1).await.lock(&key, TTL, PATIENCE).await.expect("lock through node 1");
+    held.unlock(None).await.expect("unlock");
+}
+
+// ---- 12 ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_lock_runs_the_command_with_its_token_and_exit_status() {
+    let cluster = started(Options::default()).await;
+    let profile = cluster.dir.join("client-app/profile.toml");
+    let profile = profile.to_str().unwrap();
+    let first = cluster.dir.join("first-token");
+    let script = format!("printf %s \"$KEYHOME_TOKEN\" > '{}'; exit 7", first.display());
+    let out =
+        cluster.cli(&["lock", "cli/key", "--profile", profile, "--wait", "20s", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(7), "keyhome lock exits with the command's status: {out:?}");
+    let t1: FencingToken =
+        std::fs::read_to_string(&first).unwrap().parse().expect("KEYHOME_TOKEN is a fencing token");
+
+    let second = cluster.dir.join("second-token");
+    let script =
+        format!("test \"$KEYHOME_KEY\" = cli/key && printf %s \"$KEYHOME_TOKEN\" > '{}'", second.display());
+    let out =
+        cluster.cli(&["lock", "cli/key", "--profile", profile, "--wait", "20s", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let t2: FencingToken = std::fs::read_to_string(&second).unwrap().parse().expect("a fencing token");
+    assert!(t2 > t1, "tokens increase: {t1} then {t2}");
+}

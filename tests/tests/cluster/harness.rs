@@ -1,0 +1,505 @@
+//! A harness for multi-process tests: real `keyhome run` processes on loopback, one temporary
+//! cluster directory per test, every process killed (SIGKILL) when the [`Cluster`] is dropped,
+//! also when the test panics.
+//!
+//! - The binary is the `keyhome` next to the test's `deps/` directory (`target/<profile>/keyhome`),
+//!   built with `$CARGO build -p keyhome` when it is missing or older than the node's sources.
+//! - Ports come from outside the kernel's ephemeral range (no client socket can take a node's port
+//!   while the node is down for a restart), from a per-process sequence, each checked free.
+//! - Nothing sleeps a fixed time to let something happen: [`Cluster::wait_status`] and
+//!   [`eventually`] poll with a generous deadline.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use keyhome::client::Client;
+use keyhome::config::{ClientProfile, LockSettings, write_toml};
+use keyhome::pki::Role;
+use keyhome::setup;
+use keyhome::status::Status;
+use keyhome_epoch::{NodeId, Timing};
+
+/// How long any "wait until" may take before the test fails: generous, for slow machines.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+/// How often a condition is polled.
+pub const POLL: Duration = Duration::from_millis(25);
+/// Longest a single status call may take (a killed node's connection otherwise hangs until the
+/// QUIC idle timeout).
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Timing and lock settings of a test cluster.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub nodes: u64,
+    pub timing: Timing,
+    pub locks: LockSettings,
+}
+
+impl Default for Options {
+    /// Three nodes, short leases: 500 ms home lease, 1 s delegations (so a fresh node's restart
+    /// quarantine and an expiry both take about a second), idle delegations released after
+    /// 400 ms (before an unrenewed one could expire and lose its note).
+    fn default() -> Options {
+        Options {
+            nodes: 3,
+            timing: Timing {
+                home_lease: Duration::from_millis(500),
+                max_delegation_lease: Duration::from_millis(1000),
+                clock_rate_ppm: 10_000,
+            },
+            locks: LockSettings {
+                delegation_lease_ms: 1000,
+                recall_grace_ms: 200,
+                idle_release_ms: 400,
+                lock_delay_ms: 0,
+                session_grace_ms: 1000,
+            },
+        }
+    }
+}
+
+/// A cluster laid out in a temporary directory, with its node processes.
+pub struct Cluster {
+    pub options: Options,
+    tmp: tempfile::TempDir,
+    /// The cluster directory (`ca.pem`, `genesis.toml`, `node-<i>/`, `client-app/`, `operator/`).
+    pub dir: PathBuf,
+    base_port: u16,
+    /// Node processes by id - 1; `None` while a node is down.
+    children: Vec<Option<Child>>,
+    /// Status connections by node id, reused across polls.
+    clients: Mutex<Vec<Option<Client>>>,
+}
+
+impl Cluster {
+    /// Lays out a cluster (CA, genesis, node certificates and `node.toml`s, an operator and an
+    /// `app` client identity) without starting anything.
+    pub fn layout(options: Options) -> Cluster {
+        let tmp = tempfile::Builder::new().prefix("keyhome-cluster-").tempdir().expect("temp dir");
+        let dir = tmp.path().join("cluster");
+        let base_port = free_port_block(options.nodes as u16);
+        setup::dev_cluster(&dir, options.nodes, base_port, options.timing, &options.locks)
+            .expect("lay the cluster out");
+        let n = options.nodes as usize;
+        Cluster {
+            options,
+            tmp,
+            dir,
+            base_port,
+            children: (0..n).map(|_| None).collect(),
+            clients: Mutex::new(vec![None; n]),
+        }
+    }
+
+    /// Lays out a cluster and starts every node.
+    pub fn start(options: Options) -> Cluster {
+        let mut cluster = Cluster::layout(options);
+        for id in cluster.ids() {
+            cluster.start_node(id);
+        }
+        cluster
+    }
+
+    pub fn ids(&self) -> Vec<u64> {
+        (1..=self.options.nodes).collect()
+    }
+
+    pub fn addr(&self, id: u64) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.base_port + (id - 1) as u16))
+    }
+
+    pub fn node_dir(&self, id: u64) -> PathBuf {
+        setup::identity_dir(&self.dir, &Role::Node(NodeId(id)))
+    }
+
+    pub fn node_config(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("node.toml")
+    }
+
+    fn log_path(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join("node.log")
+    }
+
+    /// Starts `keyhome run --config node-<id>/node.toml`, its output appended to `node.log`.
+    pub fn start_node(&mut self, id: u64) {
+        let slot = &self.children[(id - 1) as usize];
+        assert!(slot.is_none(), "node {id} is already running");
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id)).expect("node log");
+        let mut command = Command::new(keyhome_binary());
+        command
+            .arg("run")
+            .arg("--config")
+            .arg(self.node_config(id))
+            .env("RUST_LOG", std::env::var("KEYHOME_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("node log"))
+            .stderr(log);
+        die_with_parent(&mut command);
+        let child = command.spawn().expect("start keyhome run");
+        self.children[(id - 1) as usize] = Some(child);
+        self.forget_client(id);
+    }
+
+    /// `kill -9` of node `id`; returns once the process is gone.
+    pub fn kill(&mut self, id: u64) {
+        let mut child =
+            self.children[(id - 1) as usize].take().unwrap_or_else(|| panic!("node {id} is not running"));
+        let _ = child.kill();
+        let _ = child.wait();
+        self.forget_client(id);
+    }
+
+    /// Panics if a node process that should be running has exited (with its log).
+    pub fn assert_running(&mut self) {
+        for (i, child) in self.children.iter_mut().enumerate() {
+            if let Some(child) = child
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "node {} exited unexpectedly ({status}); its log:\n{}",
+                    i + 1,
+                    self.log_tail(i as u64 + 1)
+                );
+            }
+        }
+    }
+
+    /// The last lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64) -> String {
+        let text = std::fs::read_to_string(self.log_path(id)).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(60)..].join("\n")
+    }
+
+    /// A profile of the `app` client identity (may lock, may not change the membership) for node
+    /// `id`.
+    pub fn client_profile(&self, id: u64) -> ClientProfile {
+        self.profile(&Role::Client("app".into()), id)
+    }
+
+    /// A profile of the operator identity for node `id`.
+    pub fn operator_profile(&self, id: u64) -> ClientProfile {
+        self.profile(&Role::Operator, id)
+    }
+
+    fn profile(&self, role: &Role, id: u64) -> ClientProfile {
+        let dir = setup::identity_dir(&self.dir, role);
+        ClientProfile {
+            node: id,
+            addr: self.addr(id),
+            ca: self.dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+        }
+    }
+
+    /// Writes `profile` as `<identity dir>/node-<id>.toml` (relative paths, as `keyhome certs
+    /// issue` writes them) for the CLI; returns the path.
+    pub fn profile_file(&self, role: &Role, id: u64) -> PathBuf {
+        let dir = setup::identity_dir(&self.dir, role);
+        let profile = ClientProfile {
+            node: id,
+            addr: self.addr(id),
+            ca: "../ca.pem".into(),
+            cert: "cert.pem".into(),
+            key: "key.pem".into(),
+        };
+        let path = dir.join(format!("node-{id}.toml"));
+        write_toml(&path, &profile).expect("write profile");
+        path
+    }
+
+    /// A new client connection to node `id` (retried until the node accepts it).
+    pub async fn client(&self, id: u64) -> Client {
+        self.connect(&self.client_profile(id)).await
+    }
+
+    /// A new operator connection to node `id`.
+    pub async fn operator(&self, id: u64) -> Client {
+        self.connect(&self.operator_profile(id)).await
+    }
+
+    async fn connect(&self, profile: &ClientProfile) -> Client {
+        let mut last = None;
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            match tokio::time::timeout(CALL_TIMEOUT, Client::connect(profile)).await {
+                Ok(Ok(client)) => return client,
+                Ok(Err(e)) => last = Some(e.to_string()),
+                Err(_) => last = Some("connect timed out".into()),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        panic!("cannot connect to node {} at {}: {last:?}", profile.node, profile.addr);
+    }
+
+    fn forget_client(&self, id: u64) {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())[(id - 1) as usize] = None;
+    }
+
+    /// Node `id`'s status, or why it could not be read.
+    pub async fn try_status(&self, id: u64) -> Result<Status, String> {
+        let cached = self.clients.lock().unwrap_or_else(|p| p.into_inner())[(id - 1) as usize].clone();
+        let client = match cached {
+            Some(c) => c,
+            None => {
+                let c = tokio::time::timeout(CALL_TIMEOUT, Client::connect(&self.client_profile(id)))
+                    .await
+                    .map_err(|_| "connect timed out".to_string())?
+                    .map_err(|e| e.to_string())?;
+                self.clients.lock().unwrap_or_else(|p| p.into_inner())[(id - 1) as usize] = Some(c.clone());
+                c
+            }
+        };
+        match tokio::time::timeout(CALL_TIMEOUT, client.status()).await {
+            Ok(Ok(status)) => Ok(status),
+            failed => {
+                self.forget_client(id);
+                Err(match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "status timed out".into(),
+                })
+            }
+        }
+    }
+
+    /// Node `id`'s status; panics if it cannot be read.
+    pub async fn status(&self, id: u64) -> Status {
+        self.wait_status(id, "its status can be read", |_| true).await
+    }
+
+    /// Polls node `id`'s status until `pred` holds; panics after [`PATIENCE`] with the last
+    /// status seen and the node's log.
+    pub async fn wait_status(&self, id: u64, what: &str, pred: impl Fn(&Status) -> bool) -> Status {
+        let deadline = Instant::now() + PATIENCE;
+        let mut last = Err("never polled".to_string());
+        while Instant::now() < deadline {
+            last = self.try_status(id).await;
+            if let Ok(status) = &last
+                && pred(status)
+            {
+                return status.clone();
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        panic!(
+            "node {id}: not true within {PATIENCE:?}: {what}\nlast status: {last:#?}\nlog:\n{}",
+            self.log_tail(id)
+        );
+    }
+
+    /// Waits until each of `ids` is serving: the epoch `epoch`, every member of it connected, a
+    /// home lease, and no restart quarantine left.
+    pub async fn wait_ready(&self, ids: &[u64], epoch: u64) {
+        for &id in ids {
+            self.wait_status(id, &format!("serving epoch {epoch}"), |s| ready(s, epoch)).await;
+        }
+    }
+
+    /// Runs the built `keyhome` binary with `args` in the cluster directory; returns its output.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        let mut command = Command::new(keyhome_binary());
+        command.args(args).current_dir(&self.dir).stdin(Stdio::null());
+        die_with_parent(&mut command);
+        command.output().expect("run keyhome")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in self.children.iter_mut().flatten() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for id in self.ids() {
+                eprintln!("---- node {id} log (last lines) ----\n{}", self.log_tail(id));
+            }
+            if std::env::var_os("KEYHOME_KEEP_TEST_DIRS").is_some() {
+                let dir = std::mem::replace(&mut self.tmp, tempfile::tempdir().expect("temp dir"));
+                eprintln!("kept {}", dir.keep().display());
+            }
+        }
+    }
+}
+
+/// Whether `s` shows a node serving epoch `epoch` with everyone connected.
+pub fn ready(s: &Status, epoch: u64) -> bool {
+    s.epoch == epoch
+        && s.members.iter().all(|m| m.connected)
+        && s.home_lease_left.is_some()
+        && s.quarantine_left.is_zero()
+}
+
+/// Polls `f` until it returns `Some`; panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "not true within {timeout:?}: {what}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A key (`<prefix>-<n>`) whose home among `members` is `home`.
+pub fn key_homed_on(prefix: &str, members: &[u64], home: u64) -> Vec<u8> {
+    let ids: Vec<NodeId> = members.iter().map(|&m| NodeId(m)).collect();
+    let ring = keyhome_ring::Ring::new(&ids);
+    (0u64..)
+        .map(|n| format!("{prefix}-{n}").into_bytes())
+        .find(|key| ring.home(key) == Some(NodeId(home)))
+        .expect("some key is homed on every member")
+}
+
+/// The home of `key` among `members`.
+pub fn home_of(key: &[u8], members: &[u64]) -> u64 {
+    let ids: Vec<NodeId> = members.iter().map(|&m| NodeId(m)).collect();
+    keyhome_ring::home(key, &ids).expect("members").0
+}
+
+// ---- processes ----
+
+/// A child started by a test dies with the test's thread, even if the test process is killed
+/// before the [`Cluster`] guard can run (a CI timeout, say).
+fn die_with_parent(command: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure only makes one async-signal-safe system call (prctl).
+    unsafe {
+        command.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+                .map_err(std::io::Error::from)
+        });
+    }
+}
+
+/// The `keyhome` binary of the profile the tests were built in, built first if it is missing or
+/// older than the sources it is built from.
+pub fn keyhome_binary() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(locate_or_build).clone()
+}
+
+fn locate_or_build() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/cluster-<hash>  →  target/<profile>/keyhome
+    let profile_dir =
+        exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf();
+    let binary = profile_dir.join(format!("keyhome{}", std::env::consts::EXE_SUFFIX));
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+    let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
+    let stale = match built {
+        None => true,
+        Some(built) => newest_source(&workspace).is_some_and(|newest| newest > built),
+    };
+    if stale {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut command = Command::new(cargo);
+        command.current_dir(&workspace).args(["build", "-p", "keyhome", "--bin", "keyhome"]);
+        // Not the variables cargo set for this test process: build scripts that watch them would
+        // see a changed environment and rebuild (here, and again in the next ordinary build).
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_BIN_")
+                || ["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH", "CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE"]
+                    .contains(&&*name)
+                || ["CARGO_TARGET_TMPDIR", "CARGO_RUSTC_CURRENT_DIR", "OUT_DIR"].contains(&&*name)
+            {
+                command.env_remove(&*name);
+            }
+        }
+        // Into the same target/<profile>/ the tests run from (a `--target` build's directory is
+        // target/<triple>/<profile>, so its parent serves as the target directory).
+        if let Some(target_dir) = profile_dir.parent() {
+            command.arg("--target-dir").arg(target_dir);
+        }
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                command.arg("--release");
+            }
+            Some(other) => {
+                command.args(["--profile", other]);
+            }
+        }
+        let status = command.status().expect("run cargo build -p keyhome");
+        assert!(status.success(), "cargo build -p keyhome failed: {status}");
+    }
+    assert!(binary.exists(), "no keyhome binary at {}", binary.display());
+    binary
+}
+
+/// The newest modification time among the sources the `keyhome` binary is built from.
+fn newest_source(workspace: &Path) -> Option<SystemTime> {
+    fn walk(path: &Path, newest: &mut Option<SystemTime>) {
+        let Ok(meta) = std::fs::metadata(path) else { return };
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
+                walk(&entry.path(), newest);
+            }
+        } else if path.extension().is_some_and(|e| e == "rs" || e == "toml")
+            && let Ok(t) = meta.modified()
+        {
+            *newest = Some(newest.map_or(t, |n| n.max(t)));
+        }
+    }
+    let mut newest = None;
+    for part in ["node/src", "node/Cargo.toml", "ring/src", "epoch/src", "delegation/src", "Cargo.toml"] {
+        walk(&workspace.join(part), &mut newest);
+    }
+    newest
+}
+
+// ---- ports ----
+
+/// `n` consecutive free UDP ports on 127.0.0.1, outside the ephemeral range, never handed out
+/// twice by this process.
+fn free_port_block(n: u16) -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (lo, hi) = port_region();
+    let span = u32::from(hi - lo);
+    let stride = u32::from(n) + 1;
+    // Start somewhere that depends on the process, so concurrent test processes rarely overlap.
+    let start = (std::process::id().wrapping_mul(2_654_435_761) % span) / stride * stride;
+    for _ in 0..(span / stride) {
+        let offset = (start + NEXT.fetch_add(stride, Ordering::Relaxed)) % (span - stride);
+        let base = lo + offset as u16;
+        let sockets: Vec<_> = (0..n).map(|i| UdpSocket::bind(("127.0.0.1", base + i))).collect();
+        if sockets.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no {n} consecutive free UDP ports in {lo}..{hi}");
+}
+
+/// Ports to draw from: below the kernel's ephemeral range if there is room, else above it.
+fn port_region() -> (u16, u16) {
+    let (eph_lo, eph_hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    if eph_lo >= 12_000 {
+        (10_000, eph_lo)
+    } else if eph_hi <= 63_000 {
+        (eph_hi + 1, 65_535)
+    } else {
+        (10_000, 65_535)
+    }
+}
