@@ -101,7 +101,9 @@ pub struct Core {
     persist: Vec<PersistJob>,
     /// Pending `Holder::lock` calls.
     waiters: HashMap<Ticket, (LockReply, Owner)>,
-    /// Live handles by serial number (the number clients name them by), with their owners.
+    /// Live handles of clients by serial number (the number clients name them by), with their
+    /// owners. Embedded handles are not kept here: nobody is told of their loss, and their
+    /// guards hold the handle id.
     owners: HashMap<u64, (HandleId, Owner)>,
     lost: Vec<Lost>,
     /// Handles admitted for callers that gave up waiting, with the note they came with: unlocked
@@ -278,7 +280,7 @@ impl Core {
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         let result = self.holder.unlock(now, handle, note);
         if result.is_ok() {
-            self.owners.remove(&handle.serial());
+            self.disown(handle);
         } else {
             self.forget_if_lost(handle, &result);
         }
@@ -291,7 +293,7 @@ impl Core {
     /// Ends a handle whose owner went away without unlocking: the next holder of the key is told
     /// `recovered`, since the owner may have been interrupted halfway.
     pub fn abandon(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
-        self.owners.remove(&handle.serial());
+        self.disown(handle);
         let result = self.holder.abandon(now, handle);
         self.settle(now);
         result
@@ -431,16 +433,24 @@ impl Core {
     // ---- internals ----
 
     fn admitted(&mut self, handle: &Handle, owner: Owner, immediate: bool) {
-        self.owners.insert(handle.id.serial(), (handle.id, owner));
+        if let Owner::Client(_) = owner {
+            self.owners.insert(handle.id.serial(), (handle.id, owner));
+        }
         self.counters.locks += 1;
         if immediate {
             self.counters.locks_immediate += 1;
         }
     }
 
+    /// Forgets a client handle's owner (a no-op for embedded handles, without hashing when no
+    /// client holds anything).
+    fn disown(&mut self, handle: HandleId) -> Option<(HandleId, Owner)> {
+        if self.owners.is_empty() { None } else { self.owners.remove(&handle.serial()) }
+    }
+
     fn forget_if_lost<T>(&mut self, handle: HandleId, result: &Result<T, LockError>) {
         if matches!(result, Err(LockError::Revoked | LockError::Expired | LockError::UnknownHandle)) {
-            self.owners.remove(&handle.serial());
+            self.disown(handle);
         }
     }
 
@@ -561,7 +571,7 @@ impl Core {
                 let Some((reply, owner)) = self.waiters.remove(&ticket) else { return };
                 self.admitted(&handle, owner, false);
                 if let Err(Ok(handle)) = reply.send(Ok(handle)) {
-                    self.owners.remove(&handle.id.serial());
+                    self.disown(handle.id);
                     self.abandoned.push((handle.id, handle.note));
                 }
             }
@@ -571,7 +581,7 @@ impl Core {
                 }
             }
             HolderEvent::Revoked { handle, key, reason } => {
-                if let Some((_, Owner::Client(owner))) = self.owners.remove(&handle.serial()) {
+                if let Some((_, Owner::Client(owner))) = self.disown(handle) {
                     self.lost.push(Lost { owner, handle, key, reason });
                 }
             }
