@@ -430,8 +430,11 @@ async fn timer_loop(shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     loop {
         let next = lock(&shared.core).poll_timeout();
-        let wait = next.map_or(MAX_SLEEP, |t| shared.clock.until(t).min(MAX_SLEEP));
-        let planned = shared.clock.now() + wait;
+        let now = shared.clock.now();
+        // Exactly the core's deadline when it is the earlier one, so that an input that leaves
+        // that deadline as it is does not wake this task.
+        let planned = next.map_or(now + MAX_SLEEP, |t| t.min(now + MAX_SLEEP));
+        let wait = planned.saturating_duration_since(now);
         shared.planned.store(planned.as_nanos(), Ordering::Release);
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
