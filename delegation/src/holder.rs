@@ -177,10 +177,12 @@ pub struct Handle {
     /// [`Event::Revoked`] says so). A renewed delegation may silently extend the handle up to its
     /// ttl, never shorten it; [`Holder::renew`] reports the current value.
     pub deadline: Instant,
-    /// The previous holder's handoff note: set on the first admission after a grant only.
+    /// The previous holder's handoff note: on the first admission after a grant, the note the
+    /// home handed over; on a later one, the note the previous local holder unlocked with.
     pub note: Option<Vec<u8>>,
-    /// The delegation followed an expiry, not a clean release, so the previous holder may have
-    /// written without handing a note. Set on the first admission after a grant only.
+    /// The previous holder may have stopped halfway, without handing a note: on the first
+    /// admission after a grant, the delegation followed an expiry (not a clean release); on a
+    /// later one, the previous local handle was taken away (revoked, expired or abandoned).
     pub recovered: bool,
 }
 
@@ -1242,7 +1244,9 @@ impl Entry {
             d.fresh = false;
             (self.note.clone(), d.recovered)
         } else {
-            (None, false)
+            // A local successor under the same delegation: the note the previous local holder
+            // left, and whether that holder's handle was taken away instead of unlocked.
+            (self.note.clone(), d.unclean)
         };
         d.last_activity = now;
         d.active = true;

@@ -1075,6 +1075,45 @@ fn caps_on_keys_waiters_and_notes() {
     assert!(matches!(events(&mut h).as_slice(), [Event::Locked { .. }]));
 }
 
+// ---- local successors under one delegation ----
+
+#[test]
+fn a_local_successor_gets_the_previous_local_holders_note() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    h.unlock(at(1), a.id, Some(b"up to row 7".to_vec())).unwrap();
+    let b = h.try_lock(at(2), b"k", secs(1)).unwrap();
+    assert_eq!(b.note.as_deref(), Some(&b"up to row 7"[..]));
+    assert!(!b.recovered, "a clean local unlock");
+    h.unlock(at(3), b.id, None).unwrap();
+    let c = h.try_lock(at(4), b"k", secs(1)).unwrap();
+    assert_eq!(c.note, None, "the note went to the holder after the one who left it");
+}
+
+#[test]
+fn a_local_successor_of_a_taken_away_handle_is_told_recovered() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    h.unlock(at(1), a.id, Some(b"n".to_vec())).unwrap();
+    // A handle whose ttl runs out under a delegation that stays live.
+    let b = h.try_lock(at(2), b"k", ms(100)).unwrap();
+    tick(&mut h, &auth, at(200));
+    assert!(events(&mut h).iter().any(|e| matches!(e, Event::Revoked { handle, .. } if *handle == b.id)));
+    let c = h.try_lock(at(300), b"k", secs(1)).unwrap();
+    assert!(c.recovered, "the previous local handle expired: it may have stopped halfway");
+    assert_eq!(c.note, None);
+    // Abandoned by its owner: the same.
+    h.abandon(at(301), c.id).unwrap();
+    let d = h.try_lock(at(302), b"k", secs(1)).unwrap();
+    assert!(d.recovered);
+    // After a clean unlock, the next one is not.
+    h.unlock(at(303), d.id, None).unwrap();
+    let e = h.try_lock(at(304), b"k", secs(1)).unwrap();
+    assert!(!e.recovered);
+}
+
 // ---- rule 8: the re-lock path allocates nothing ----
 
 #[test]
