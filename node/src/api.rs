@@ -179,14 +179,13 @@ async fn answer(
             shared.with_core(|core, now| core.check(now, key, token, tx)).map_err(lock_error)?;
             match tokio::time::timeout(CHECK_TIMEOUT, rx).await {
                 Ok(Ok(current)) => Ok(Response::Checked { current }),
-                _ => {
-                    shared.with_core(|core, _| core.forget_check(|r| r.is_closed()));
-                    Err(ApiError::new(ErrorKind::Unavailable, "the key's home did not answer in time"))
-                }
+                _ => Err(ApiError::new(ErrorKind::Unavailable, "the key's home did not answer in time")),
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),
-        Request::EpochShow => Ok(Response::Epoch(Box::new(lock_core_epoch(shared)))),
+        Request::EpochShow => {
+            Ok(Response::Epoch(Box::new(shared.with_core(|core, _| core.epoch.current().clone()))))
+        }
         Request::Propose(change) => {
             if *role != Role::Operator {
                 return Err(ApiError::new(
@@ -242,10 +241,6 @@ async fn answer(
         }
         Request::Subscribe => Err(ApiError::new(ErrorKind::Invalid, "subscribe on its own stream")),
     }
-}
-
-fn lock_core_epoch(shared: &Arc<Shared>) -> keyhome_epoch::EpochRecord {
-    shared.with_core(|core, _| core.epoch.current().clone())
 }
 
 /// The handle `serial`, if this connection, or one with the same certificate identity, owns it;

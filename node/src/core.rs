@@ -173,10 +173,6 @@ impl Core {
         self.persist.clear();
     }
 
-    pub fn failed(&self) -> bool {
-        self.failed
-    }
-
     // ---- inputs ----
 
     /// A frame from peer `from` (authenticated by its certificate).
@@ -309,6 +305,8 @@ impl Core {
         reply: oneshot::Sender<bool>,
     ) -> Result<(), LockError> {
         let home = self.epoch.home_of(&key).ok_or(LockError::NoHome)?;
+        // Checks whose askers gave up (timed out) are forgotten here, the one place they pile up.
+        self.checks.retain(|_, r| !r.is_closed());
         self.next_check += 1;
         let id = self.next_check;
         self.checks.insert(id, reply);
@@ -316,11 +314,6 @@ impl Core {
         self.route(home, message);
         self.settle(now);
         Ok(())
-    }
-
-    /// Forgets a check nobody waits for any more.
-    pub fn forget_check(&mut self, reply_closed: impl Fn(&oneshot::Sender<bool>) -> bool) {
-        self.checks.retain(|_, r| !reply_closed(r));
     }
 
     /// Starts an operator change; its outcome goes to `reply`.

@@ -482,10 +482,7 @@ async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming, serves
             return;
         }
     };
-    let alpn = conn
-        .handshake_data()
-        .and_then(|h| h.downcast::<quinn::crypto::rustls::HandshakeData>().ok())
-        .and_then(|h| h.protocol);
+    let alpn = pki::negotiated_alpn(&conn);
     let role = match pki::peer_role(&conn) {
         Ok(role) => role,
         Err(e) => {

@@ -225,8 +225,3 @@ pub enum LostReason {
     /// The handle's ttl or its delegation ran out.
     Expired,
 }
-
-/// Nodes are named by number on the command line and in files.
-pub fn parse_node_id(s: &str) -> Result<NodeId, std::num::ParseIntError> {
-    s.parse().map(NodeId)
-}
