@@ -1,7 +1,7 @@
 //! Cluster benchmark: a 3-node keyhome cluster on loopback, in this process, measured side by
 //! side with a bare QUIC round trip on the same machine in the same run.
 //!
-//!     cargo bench -p keyhome --bench cluster            # full run, about 30 s
+//!     cargo bench -p keyhome --bench cluster            # full run, about a minute
 //!     cargo bench -p keyhome --bench cluster -- --quick # shorter, for a smoke test
 //!
 //! Each node has its own QUIC endpoint on 127.0.0.1 and its own redb file; they share this
