@@ -69,7 +69,6 @@ impl Authority for EpochNode {
     }
 
     fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
-        let previous = self.current().number.checked_sub(1)?;
-        self.home_in(previous, key)
+        EpochNode::previous_home_of(self, key)
     }
 }

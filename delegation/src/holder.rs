@@ -21,9 +21,15 @@
 //! - **Tokens strictly increase per key**: `grantee.token(local_seq)` with `local_seq` increasing
 //!   per delegation, and a delegation is only used if its grantee is not below the last one this
 //!   holder used for the key (an equal grantee continues its sequence).
-//! - **Every handle ends exactly once**: by a successful [`Holder::unlock`], or by one
-//!   [`Event::Revoked`]; after the event, the handle's next use returns [`LockError::Revoked`] or
-//!   [`LockError::Expired`].
+//! - **A handle is never taken away before its deadline.** A recall closes admission and asks the
+//!   handle's owner to unlock ([`Event::Recalled`]), but the delegation is released only once the
+//!   handle has been unlocked, abandoned by its owner, or has passed its deadline: no other node
+//!   can admit the key while a handle is inside the deadline its owner was told. A recalled
+//!   handle's deadline no longer grows (renewals keep or shorten it), so a recall costs at most
+//!   the handle's remaining time.
+//! - **Every handle ends exactly once**: by a successful [`Holder::unlock`] or
+//!   [`Holder::abandon`], or by one [`Event::Expired`]; after the event, the handle's next use
+//!   returns [`LockError::Expired`].
 //! - **Nothing is held that is not needed**: idle delegations are released after
 //!   [`HolderConfig::idle_release`]; grants that are late, stray, duplicated or no longer wanted
 //!   are handed back with `Release` (carrying their note and `recovered` flag) while they may
@@ -44,7 +50,7 @@
 //! `poll_timeout` is not in the future.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,7 +61,7 @@ use crate::limits::Limits;
 use crate::message::{Body, Grantee, Message, Refusal};
 use crate::token::FencingToken;
 
-/// How many revoked handles are remembered, so that their next use says why they were lost.
+/// How many expired handles are remembered, so that their next use says why they were lost.
 const TOMBSTONES: usize = 4096;
 /// How many sent requests are remembered to judge whether a stray grant may still be live.
 const RECENT_REQUESTS: usize = 65_536;
@@ -79,9 +85,6 @@ pub struct HolderConfig {
     pub limits: Limits,
     /// Lease asked for per delegation (capped by the epoch's `max_delegation_lease`). Default 10 s.
     pub lease: Duration,
-    /// After a recall, how long the current local handle may still finish before it is revoked.
-    /// Default 1 s.
-    pub grace: Duration,
     /// A delegation with no handle, no waiter and no local call for this long is released.
     /// Default 2 s.
     pub idle_release: Duration,
@@ -102,14 +105,13 @@ pub struct HolderConfig {
 }
 
 impl HolderConfig {
-    /// The defaults: default [`Limits`], 10 s leases, 1 s grace, 2 s idle release, 50 ms minimum
+    /// The defaults: default [`Limits`], 10 s leases, 2 s idle release, 50 ms minimum
     /// useful grant, 50 ms first retry, 1 s resend, 2 s prefetch wait.
     pub fn new(id: NodeId) -> HolderConfig {
         HolderConfig {
             id,
             limits: Limits::DEFAULT,
             lease: Duration::from_secs(10),
-            grace: Duration::from_secs(1),
             idle_release: Duration::from_secs(2),
             min_useful: Duration::from_millis(50),
             retry: Duration::from_millis(50),
@@ -173,16 +175,16 @@ pub struct Handle {
     /// Strictly greater than every earlier admission's token for this key.
     pub token: FencingToken,
     /// The handle is valid before this instant of this node's clock (`min(now + ttl, delegation
-    /// deadline)` at admission) unless a recall revokes it earlier, after the grace period (an
-    /// [`Event::Revoked`] says so). A renewed delegation may silently extend the handle up to its
-    /// ttl, never shorten it; [`Holder::renew`] reports the current value.
+    /// deadline)` at admission), and nothing takes it away earlier. A renewed delegation may
+    /// silently extend the handle up to its ttl (unless the key was recalled), never shorten it;
+    /// [`Holder::renew`] reports the current value.
     pub deadline: Instant,
     /// The previous holder's handoff note: on the first admission after a grant, the note the
     /// home handed over; on a later one, the note the previous local holder unlocked with.
     pub note: Option<Vec<u8>>,
     /// The previous holder may have stopped halfway, without handing a note: on the first
     /// admission after a grant, the delegation followed an expiry (not a clean release); on a
-    /// later one, the previous local handle was taken away (revoked, expired or abandoned).
+    /// later one, the previous local handle passed its deadline instead of being unlocked.
     pub recovered: bool,
 }
 
@@ -195,15 +197,6 @@ pub enum LockOutcome {
     Pending(Ticket),
 }
 
-/// Why a handle was taken away.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RevokeReason {
-    /// The home recalled the delegation and the grace period ran out.
-    Recalled,
-    /// The handle's deadline passed: its ttl ran out or the delegation expired.
-    Expired,
-}
-
 /// Something the application or the driver must learn about.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -211,9 +204,12 @@ pub enum Event {
     Locked { ticket: Ticket, handle: Handle },
     /// A pending lock failed: [`LockError::Timeout`], [`LockError::Refused`].
     LockFailed { ticket: Ticket, error: LockError },
-    /// A handle was taken away; its next use fails with [`LockError::Revoked`] (reason
-    /// `Recalled`) or [`LockError::Expired`] (reason `Expired`).
-    Revoked { handle: HandleId, key: Vec<u8>, reason: RevokeReason },
+    /// The key's home recalled the delegation (another node wants the key): the handle stays
+    /// valid until `deadline`, which no longer grows; its owner should unlock as soon as it can.
+    Recalled { handle: HandleId, key: Vec<u8>, deadline: Instant },
+    /// The handle's deadline passed (its ttl ran out, or the delegation ended): the lock is lost
+    /// and its next use fails with [`LockError::Expired`].
+    Expired { handle: HandleId, key: Vec<u8> },
 }
 
 /// Why a lock call failed.
@@ -235,8 +231,6 @@ pub enum LockError {
     Timeout,
     #[error("the key's home refused: {0}")]
     Refused(Refusal),
-    #[error("the handle was revoked after a recall; the lock is lost")]
-    Revoked,
     #[error("the handle's deadline passed; the lock is lost")]
     Expired,
     #[error("no such handle: it was unlocked already, never issued, or its loss was already reported")]
@@ -267,6 +261,8 @@ pub struct Holder {
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     /// Scratch list of the keys due in one `handle_timeout`.
     due: Vec<u32>,
+    /// Set by [`Holder::shutdown`]: nothing is admitted or asked for any more.
+    closed: bool,
     io: Io,
 }
 
@@ -284,7 +280,8 @@ struct Io {
     issued: Option<(u64, u64)>,
     /// Highest id dropped from `recent` for lack of room rather than age.
     forgotten: u64,
-    tombstones: HashMap<u64, RevokeReason, Hasher>,
+    /// Serials of handles that expired, so that their next use says so.
+    tombstones: HashSet<u64, Hasher>,
     tomb_order: VecDeque<u64>,
     out: VecDeque<(NodeId, Message)>,
     events: VecDeque<Event>,
@@ -337,12 +334,13 @@ struct Delegation {
     /// When to renew if busy: half the lease after the granting request's send instant.
     renew_at: Instant,
     next_seq: u64,
-    /// Set by a recall: admission is closed and the local handle is revoked at this instant.
-    revoke_at: Option<Instant>,
+    /// Set by a recall: admission is closed, the local handle (asked to unlock by an
+    /// [`Event::Recalled`]) no longer grows, and the delegation is released when it ends.
+    recalled: bool,
     /// No admission yet under this delegation: the next one carries the grant's note and flag.
     fresh: bool,
     recovered: bool,
-    /// The last local handle was taken away (revoked or past its deadline) rather than unlocked:
+    /// The last local handle passed its deadline rather than being unlocked:
     /// it may have written without leaving a note, so the release is flagged `recovered`.
     unclean: bool,
     last_activity: Instant,
@@ -404,6 +402,7 @@ impl Holder {
             free: Vec::new(),
             timers: BinaryHeap::new(),
             due: Vec::new(),
+            closed: false,
             io: Io {
                 epoch: 0,
                 next_serial: 0,
@@ -411,7 +410,7 @@ impl Holder {
                 recent: VecDeque::new(),
                 issued: None,
                 forgotten: 0,
-                tombstones: HashMap::with_hasher(Hasher::new()),
+                tombstones: HashSet::with_hasher(Hasher::new()),
                 tomb_order: VecDeque::new(),
                 out: VecDeque::new(),
                 events: VecDeque::new(),
@@ -430,7 +429,7 @@ impl Holder {
         (now < d.deadline).then_some(DelegationInfo {
             grantee: d.grantee,
             deadline: d.deadline,
-            recalling: d.revoke_at.is_some(),
+            recalling: d.recalled,
         })
     }
 
@@ -519,13 +518,12 @@ impl Holder {
         Ok(LockOutcome::Pending(Ticket { serial, slot }))
     }
 
-    /// Extends a live handle to `min(now + ttl, delegation deadline)` (and no later than the
-    /// revocation instant while a recall is under way) and returns that new deadline. A shorter
-    /// `ttl` shortens it. Sends nothing.
+    /// Extends a live handle to `min(now + ttl, delegation deadline)` and returns that new
+    /// deadline; while a recall is under way it never extends the handle beyond its current
+    /// deadline. A shorter `ttl` shortens it. Sends nothing.
     ///
-    /// Fails with [`LockError::Revoked`] or [`LockError::Expired`] (once) for a handle that was
-    /// taken away, [`LockError::UnknownHandle`] for one that was unlocked, and
-    /// [`LockError::ZeroTtl`].
+    /// Fails with [`LockError::Expired`] (once) for a handle that passed its deadline,
+    /// [`LockError::UnknownHandle`] for one that was unlocked, and [`LockError::ZeroTtl`].
     pub fn renew(&mut self, now: Instant, handle: HandleId, ttl: Duration) -> Result<Instant, LockError> {
         if ttl.is_zero() {
             return Err(LockError::ZeroTtl);
@@ -534,13 +532,13 @@ impl Holder {
         let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
         let d = e.deleg.as_mut().expect("a local handle lives under a delegation");
         let until = now + ttl;
+        let local = e.local.as_mut().expect("live handle");
         let mut deadline = until.min(d.deadline);
-        if let Some(at) = d.revoke_at {
-            deadline = deadline.min(at);
+        if d.recalled {
+            deadline = deadline.min(local.deadline);
         }
         d.last_activity = now;
         d.active = true;
-        let local = e.local.as_mut().expect("live handle");
         local.until = until;
         local.deadline = deadline;
         self.reschedule(slot);
@@ -571,7 +569,7 @@ impl Holder {
         // and the idle release and the renewal (activity being recorded) are the only wake-ups
         // that may have been added.
         let added = match &e.deleg {
-            Some(d) if e.waiters.is_empty() && d.revoke_at.is_none() => {
+            Some(d) if e.waiters.is_empty() && !d.recalled => {
                 let idle = now + self.config.idle_release;
                 Some(if e.request.is_none() { idle.min(d.renew_at) } else { idle })
             }
@@ -600,38 +598,31 @@ impl Holder {
         true
     }
 
-    /// Ends a live handle whose owner went away without unlocking (a client whose session ended):
-    /// like a revocation, the note is dropped and the next holder of the key is told `recovered`,
-    /// since the owner may have stopped halfway. No event follows. Fails like [`Holder::unlock`].
-    pub fn abandon(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
-        let slot = self.live(now, handle)?;
-        let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
-        e.local = None;
-        e.note = None;
-        if let Some(d) = e.deleg.as_mut() {
-            d.unclean = true;
-            d.last_activity = now;
-        }
-        e.settle(slot, now, &mut self.io);
-        self.reschedule(slot);
-        Ok(())
-    }
-
-    /// Gives every delegation back at once, for a clean shutdown: queued lockers fail with
-    /// [`LockError::Closed`], live handles are revoked (reason `Recalled`, with their events), and
-    /// each delegation is released with its note (flagged `recovered` where a handle was revoked).
-    /// Later grants are handed back as they arrive.
-    pub fn release_all(&mut self, now: Instant) {
+    /// Stops admitting, for a clean shutdown: queued lockers fail with [`LockError::Closed`],
+    /// later `lock` calls too, and every delegation is treated as recalled. One with no live
+    /// handle is released at once with its note; one with a live handle is released when that
+    /// handle is unlocked or passes its deadline (its owner gets an [`Event::Recalled`]), so no
+    /// other node admits the key while the handle is inside the deadline its owner was told.
+    /// Outstanding requests are forgotten: grants that answer them are handed back.
+    pub fn shutdown(&mut self, now: Instant) {
+        self.closed = true;
         for slot in 0..self.slots.len() {
             let slot = slot as u32;
             let io = &mut self.io;
             let Some(e) = self.slots[slot as usize].as_mut() else { continue };
             e.fail_waiters(slot, io, LockError::Closed, |_| true);
             e.want_until = None;
-            io.revoke(slot, e, RevokeReason::Recalled);
-            e.release(now, io);
+            e.forget_renewal();
+            e.request = None;
+            e.recall(slot, io);
+            e.settle(slot, now, io);
             self.tidy(slot);
         }
+    }
+
+    /// Whether any local handle is live (a shutdown waits for none to be left).
+    pub fn has_handles(&self) -> bool {
+        self.slots.iter().flatten().any(|e| e.local.is_some())
     }
 
     // ---- network and timers ----
@@ -656,7 +647,23 @@ impl Holder {
         }
     }
 
-    /// Handles timer expiry: delegation and handle deadlines, recall grace, waiter timeouts,
+    /// The epoch changed (`auth` names the new one): every outstanding request whose key moved to
+    /// another home is sent to that home at once.
+    pub fn on_epoch_change<A: Authority + ?Sized>(&mut self, now: Instant, auth: &A) {
+        self.io.epoch = auth.epoch();
+        let moved: Vec<u32> = (self.slots.iter().enumerate())
+            .filter_map(|(slot, e)| {
+                let r = e.as_ref()?.request.as_ref()?;
+                let key = &e.as_ref()?.key;
+                auth.home_of(key).is_some_and(|home| home != r.to).then_some(slot as u32)
+            })
+            .collect();
+        for slot in moved {
+            self.process(now, slot, auth);
+        }
+    }
+
+    /// Handles timer expiry: delegation and handle deadlines, waiter timeouts,
     /// renewals, idle releases, retries and resends. Harmless to call early or often.
     pub fn handle_timeout<A: Authority + ?Sized>(&mut self, now: Instant, auth: &A) {
         self.io.epoch = auth.epoch();
@@ -706,6 +713,9 @@ impl Holder {
     }
 
     fn check(&self, key: &[u8], ttl: Duration) -> Result<(), LockError> {
+        if self.closed {
+            return Err(LockError::Closed);
+        }
         if key.len() > self.config.limits.max_key_len {
             return Err(LockError::KeyTooLong);
         }
@@ -786,16 +796,16 @@ impl Holder {
             if now < local.deadline {
                 return Ok(slot);
             }
-            self.io.revoke(slot, e, RevokeReason::Expired);
+            self.io.expire_handle(slot, e);
             e.settle(slot, now, &mut self.io);
             self.io.tombstones.remove(&id.serial);
             self.reschedule(slot);
             return Err(LockError::Expired);
         }
-        match self.io.tombstones.remove(&id.serial) {
-            Some(RevokeReason::Recalled) => Err(LockError::Revoked),
-            Some(RevokeReason::Expired) => Err(LockError::Expired),
-            None => Err(LockError::UnknownHandle),
+        if self.io.tombstones.remove(&id.serial) {
+            Err(LockError::Expired)
+        } else {
+            Err(LockError::UnknownHandle)
         }
     }
 
@@ -808,17 +818,14 @@ impl Holder {
             e.expire(slot, now, io);
         }
         if e.local.as_ref().is_some_and(|l| now >= l.deadline) {
-            io.revoke(slot, e, RevokeReason::Expired);
-        }
-        if e.deleg.as_ref().and_then(|d| d.revoke_at).is_some_and(|at| now >= at) {
-            io.revoke(slot, e, RevokeReason::Recalled);
+            io.expire_handle(slot, e);
         }
         e.settle(slot, now, io);
         if e.want_until.is_some_and(|until| now >= until) {
             e.want_until = None;
         }
         if let Some(d) = &e.deleg
-            && d.revoke_at.is_none()
+            && !d.recalled
             && e.local.is_none()
             && e.waiters.is_empty()
             && now >= d.last_activity + config.idle_release
@@ -929,7 +936,7 @@ impl Holder {
                             renew_at: r.sent_at + lease / 2,
                             next_seq,
                             // A Recall that overtook this Grant closes admission at once.
-                            revoke_at: (e.early_recall == Some(g.grantee)).then_some(now + config.grace),
+                            recalled: e.early_recall == Some(g.grantee),
                             fresh: true,
                             unclean: false,
                             recovered: g.recovered,
@@ -1023,8 +1030,10 @@ impl Holder {
                     let at = now + config.backoff(e.refusals).max(delay);
                     e.refusals = e.refusals.saturating_add(1);
                     e.retry_at = at;
-                    // Lockers whose wait ends before the retry learn why now.
-                    e.fail_waiters(slot, io, LockError::Refused(reason), |w| w.until <= at);
+                    // Lockers whose wait ends before the retry time out now: the refusal was
+                    // temporary (the key is busy, or the home not ready yet), so their wait is
+                    // what ran out.
+                    e.fail_waiters(slot, io, LockError::Timeout, |w| w.until <= at);
                     if e.want_until.is_some_and(|until| until <= at) {
                         e.want_until = None;
                     }
@@ -1047,7 +1056,6 @@ impl Holder {
         auth: &A,
     ) {
         let Some(&slot) = self.index.get(key) else { return };
-        let grace = self.config.grace;
         let release_at_once = self.config.bugs().release_before_revoke;
         let io = &mut self.io;
         let Some(e) = self.slots[slot as usize].as_mut() else { return };
@@ -1061,9 +1069,7 @@ impl Holder {
                 self.process(now, slot, auth);
                 return;
             }
-            if d.revoke_at.is_none() {
-                d.revoke_at = Some(now + grace);
-            }
+            e.recall(slot, io);
             // Releases at once if no local handle holds the key.
             e.settle(slot, now, io);
         } else if let Some(p) = &e.past
@@ -1174,9 +1180,9 @@ impl Io {
         }
     }
 
-    /// Takes the entry's local handle away (with its event) and clears the note: a revoked
-    /// holder may have written without handing one.
-    fn revoke(&mut self, slot: u32, e: &mut Entry, reason: RevokeReason) {
+    /// Ends the entry's local handle at its deadline (with its event) and clears the note: its
+    /// owner may have written without handing one.
+    fn expire_handle(&mut self, slot: u32, e: &mut Entry) {
         let Some(local) = e.local.take() else { return };
         e.note = None;
         if let Some(d) = e.deleg.as_mut() {
@@ -1187,10 +1193,10 @@ impl Io {
         {
             self.tombstones.remove(&old);
         }
-        self.tombstones.insert(local.serial, reason);
+        self.tombstones.insert(local.serial);
         self.tomb_order.push_back(local.serial);
         let handle = HandleId { serial: local.serial, slot };
-        self.events.push_back(Event::Revoked { handle, key: e.key.to_vec(), reason });
+        self.events.push_back(Event::Expired { handle, key: e.key.to_vec() });
     }
 }
 
@@ -1219,7 +1225,7 @@ impl Entry {
     fn can_admit(&self, now: Instant) -> bool {
         self.local.is_none()
             && self.waiters.is_empty()
-            && self.deleg.as_ref().is_some_and(|d| d.revoke_at.is_none() && now < d.deadline)
+            && self.deleg.as_ref().is_some_and(|d| !d.recalled && now < d.deadline)
     }
 
     /// The local sequence a delegation to `grantee` starts at, or `None` if its tokens would not
@@ -1254,6 +1260,20 @@ impl Entry {
         Handle { id: HandleId { serial, slot }, token, deadline, note, recovered }
     }
 
+    /// Closes admission on the held delegation (if any, and not yet closed) and asks the local
+    /// handle's owner to unlock: from now on the handle's deadline never grows.
+    fn recall(&mut self, slot: u32, io: &mut Io) {
+        let Some(d) = self.deleg.as_mut() else { return };
+        if d.recalled {
+            return;
+        }
+        d.recalled = true;
+        if let Some(local) = &self.local {
+            let handle = HandleId { serial: local.serial, slot };
+            io.events.push_back(Event::Recalled { handle, key: self.key.to_vec(), deadline: local.deadline });
+        }
+    }
+
     /// After the local handle may have ended: fails lockers whose wait ran out; then, if no
     /// handle holds the key, releases a recalled delegation or admits the next locker.
     fn settle(&mut self, slot: u32, now: Instant, io: &mut Io) {
@@ -1265,7 +1285,7 @@ impl Entry {
         if now >= d.deadline {
             return; // expiry is the timers' business
         }
-        if d.revoke_at.is_some() {
+        if d.recalled {
             self.release(now, io);
             return;
         }
@@ -1312,10 +1332,10 @@ impl Entry {
         self.retry_at = now;
     }
 
-    /// The delegation's deadline passed: every handle under it is revoked and it is dropped,
-    /// without a message (the home expires it on its own clock). Lockers still queued ask again.
+    /// The delegation's deadline passed: the handle under it ends and it is dropped, without a
+    /// message (the home expires it on its own clock). Lockers still queued ask again.
     fn expire(&mut self, slot: u32, now: Instant, io: &mut Io) {
-        io.revoke(slot, self, RevokeReason::Expired);
+        io.expire_handle(slot, self);
         let Some(d) = self.deleg.take() else { return };
         self.note = None;
         self.past = Some(Past {
@@ -1352,10 +1372,21 @@ impl Entry {
     ) {
         if let Some(r) = &self.request {
             let needed = match r.held {
-                Some(_) => self.deleg.as_ref().is_some_and(|d| d.revoke_at.is_none()),
+                Some(_) => self.deleg.as_ref().is_some_and(|d| !d.recalled),
                 None => self.deleg.is_none() && self.wanted(now),
             };
-            if !needed {
+            // An epoch change moved the key's home: ask the new home at once rather than keep
+            // asking one that may be gone (a dead home never answers `NotHome`). A grant the old
+            // home still sends is a stray and handed back.
+            let moved = auth.home_of(&self.key).is_some_and(|home| home != r.to);
+            if !needed || moved {
+                if moved {
+                    self.forget_renewal();
+                    self.retry_at = now;
+                    if let Some(d) = &mut self.deleg {
+                        d.renew_at = now;
+                    }
+                }
                 self.request = None;
             }
         }
@@ -1377,7 +1408,7 @@ impl Entry {
         match &mut self.deleg {
             Some(d) => {
                 let busy = d.active || self.local.is_some() || !self.waiters.is_empty();
-                if d.revoke_at.is_none() && busy && now >= d.renew_at {
+                if !d.recalled && busy && now >= d.renew_at {
                     let held = Some(d.grantee);
                     match send_request(&self.key, now, config, io, auth, held, wait) {
                         Some(r) => {
@@ -1406,16 +1437,13 @@ impl Entry {
         match &self.deleg {
             Some(d) => {
                 at(d.deadline);
-                match d.revoke_at {
-                    Some(revoke_at) => at(revoke_at),
-                    None => {
-                        let busy = self.local.is_some() || !self.waiters.is_empty();
-                        if !busy {
-                            at(d.last_activity + config.idle_release);
-                        }
-                        if self.request.is_none() && (busy || d.active) {
-                            at(d.renew_at);
-                        }
+                if !d.recalled {
+                    let busy = self.local.is_some() || !self.waiters.is_empty();
+                    if !busy {
+                        at(d.last_activity + config.idle_release);
+                    }
+                    if self.request.is_none() && (busy || d.active) {
+                        at(d.renew_at);
                     }
                 }
             }

@@ -22,7 +22,7 @@ pub use bugs::Bugs;
 pub use guard::{Stale, TokenGuard};
 pub use holder::{
     DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,
-    RevokeReason, Ticket,
+    Ticket,
 };
 pub use home::{Delegation, Home, HomeConfig, KeyStatus};
 pub use limits::Limits;

@@ -6,9 +6,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use keyhome_delegation::holder::{
-    Event, Handle, Holder, HolderConfig, LockError, LockOutcome, RevokeReason, Ticket,
-};
+use keyhome_delegation::holder::{Event, Handle, Holder, HolderConfig, LockError, LockOutcome, Ticket};
 use keyhome_delegation::{Authority, Body, FencingToken, Grantee, Message, Refusal};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
@@ -262,10 +260,7 @@ fn deadline_counts_from_the_send_instant_not_receipt() {
     tick(&mut h, &auth, at(10_000) - NS);
     assert!(events(&mut h).is_empty());
     tick(&mut h, &auth, at(10_000));
-    assert_eq!(
-        events(&mut h),
-        vec![Event::Revoked { handle: handle.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
-    );
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: handle.id, key: b"k".to_vec() }]);
     assert_eq!(h.delegation(at(10_000), b"k"), None);
 }
 
@@ -382,10 +377,7 @@ fn relocks_keep_every_wake_up_and_name_their_key() {
     assert_eq!(h.key_of(b.id), Some(&b"k"[..]));
     assert_eq!(h.poll_timeout(), Some(at(15)), "the short handle's deadline comes first");
     tick(&mut h, &auth, at(15));
-    assert_eq!(
-        events(&mut h),
-        vec![Event::Revoked { handle: b.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
-    );
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: b.id, key: b"k".to_vec() }]);
     assert_eq!(h.key_of(b.id), None, "taken away");
     for i in 0..10 {
         let c = locked(h.lock(at(20 + i), b"k", secs(60), secs(1), &auth));
@@ -460,7 +452,7 @@ fn a_handle_past_its_ttl_is_expired_and_the_next_waiter_admitted() {
     let b = pending(h.lock(at(50), b"k", secs(1), secs(5), &auth));
     tick(&mut h, &auth, at(100));
     let evs = events(&mut h);
-    assert_eq!(evs[0], Event::Revoked { handle: a.id, key: b"k".to_vec(), reason: RevokeReason::Expired });
+    assert_eq!(evs[0], Event::Expired { handle: a.id, key: b"k".to_vec() });
     assert!(matches!(&evs[1], Event::Locked { ticket, .. } if *ticket == b));
     assert_eq!(h.unlock(at(110), a.id, None), Err(LockError::Expired));
     assert_eq!(h.unlock(at(110), a.id, None), Err(LockError::UnknownHandle), "reported once");
@@ -486,41 +478,103 @@ fn renew_extends_up_to_the_delegation_deadline() {
 // ---- rule 3: recall ----
 
 #[test]
-fn recall_waits_for_the_local_holder_up_to_grace_then_revokes_and_releases() {
+fn recall_asks_the_local_holder_to_unlock_and_waits_for_the_deadline_it_was_told() {
     let auth = Script::new();
     let mut h = holder();
     let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
     h.unlock(at(10), a.id, Some(b"n1".to_vec())).unwrap();
+    // Told: valid until the delegation's end, 10 s after the request was sent.
     let b = locked(h.lock(at(20), b"k", secs(60), secs(5), &auth));
+    assert_eq!(b.deadline, at(10_000));
     h.handle_message(at(100), HOME, recall(b"k", grantee(1)), &auth);
-    assert!(sent(&mut h).is_empty(), "the local holder may finish first");
-    assert!(h.delegation(at(100), b"k").is_some_and(|d| d.recalling));
-    // Admission is closed: new lockers queue, try_lock fails without asking for anything.
-    let c = pending(h.lock(at(200), b"k", secs(1), secs(10), &auth));
-    assert_eq!(h.try_lock(at(200), b"k", secs(1)), Err(LockError::WouldBlock));
-    assert!(sent(&mut h).is_empty());
-    // The grace (1 s) runs out: revoke, release without a note and flagged `recovered` (the
-    // revoked holder may have written without leaving one), then the queued locker asks again
-    // and queues at the home.
-    tick(&mut h, &auth, at(1_100) - NS);
-    assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
-    tick(&mut h, &auth, at(1_100));
+    assert!(sent(&mut h).is_empty(), "the local holder keeps the key until it unlocks");
     assert_eq!(
         events(&mut h),
-        vec![Event::Revoked { handle: b.id, key: b"k".to_vec(), reason: RevokeReason::Recalled }]
+        vec![Event::Recalled { handle: b.id, key: b"k".to_vec(), deadline: b.deadline }]
     );
+    assert!(h.delegation(at(100), b"k").is_some_and(|d| d.recalling));
+    // Admission is closed: new lockers queue, try_lock fails without asking for anything.
+    let c = pending(h.lock(at(200), b"k", secs(1), secs(20), &auth));
+    assert_eq!(h.try_lock(at(200), b"k", secs(1)), Err(LockError::WouldBlock));
+    assert!(sent(&mut h).is_empty());
+    // A recalled handle never grows: a renewal keeps its deadline, a shorter ttl shortens it.
+    assert_eq!(h.renew(at(300), b.id, secs(60)), Ok(at(10_000)));
+    assert_eq!(h.renew(at(400), b.id, secs(2)), Ok(at(2_400)));
+    // Nothing is taken away before that deadline, whatever time passes.
+    tick(&mut h, &auth, at(2_400) - NS);
+    assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
+    assert!(h.key_of(b.id).is_some());
+    // At the deadline the handle expires: release without a note and flagged `recovered` (the
+    // holder may have written without leaving one); the queued locker asks again.
+    tick(&mut h, &auth, at(2_400));
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: b.id, key: b"k".to_vec() }]);
     let out = sent(&mut h);
     assert_eq!(out.len(), 2, "{out:?}");
     assert_eq!(out[0], (HOME, release(grantee(1), None, true)));
     let again = as_request(out[1].0, out[1].1.clone());
-    assert_eq!((again.to, again.held, again.wait), (HOME, None, ms(9_100)));
-    // The revoked handle's next use fails, once.
-    assert_eq!(h.unlock(at(1_200), b.id, Some(b"late".to_vec())), Err(LockError::Revoked));
-    assert_eq!(h.renew(at(1_200), b.id, secs(1)), Err(LockError::UnknownHandle));
+    assert_eq!((again.to, again.held, again.wait), (HOME, None, ms(17_800)));
+    // The expired handle's next use fails, once.
+    assert_eq!(h.unlock(at(2_500), b.id, Some(b"late".to_vec())), Err(LockError::Expired));
+    assert_eq!(h.renew(at(2_500), b.id, secs(1)), Err(LockError::UnknownHandle));
     // The home grants the next delegation: the queued locker gets it.
-    h.handle_message(at(1_300), HOME, grant(b"k", again.id, grantee(2), secs(10), None, true), &auth);
+    h.handle_message(at(2_600), HOME, grant(b"k", again.id, grantee(2), secs(10), None, true), &auth);
     let hc = locked_event(&mut h, c);
     assert!(hc.token > b.token);
+}
+
+#[test]
+fn a_pending_request_follows_its_key_to_a_new_home_at_once() {
+    let mut auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(1), secs(30), &auth));
+    let first = one_request(&mut h);
+    assert_eq!(first.to, HOME);
+    // The home died and an epoch change moved the key: the request goes to the new home now,
+    // not after a resend to the dead one.
+    auth.homes.insert(b"k".to_vec(), OTHER);
+    h.on_epoch_change(at(10), &auth);
+    let second = one_request(&mut h);
+    assert_eq!((second.to, second.held), (OTHER, None));
+    assert_ne!(second.id, first.id);
+    h.handle_message(at(20), OTHER, grant(b"k", second.id, grantee(9), secs(10), None, true), &auth);
+    assert!(locked_event(&mut h, ticket).recovered);
+    // A late grant of the dead home's is a stray and handed back.
+    h.handle_message(at(30), HOME, grant(b"k", first.id, grantee(8), secs(10), None, false), &auth);
+    let (to, _, g, _) = one_release(&mut h);
+    assert_eq!((to, g), (HOME, grantee(8)));
+}
+
+#[test]
+fn shutdown_releases_idle_delegations_and_waits_for_live_handles() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"idle", 1);
+    h.unlock(at(1), a.id, Some(b"done".to_vec())).unwrap();
+    let (b, _) = acquire(&mut h, &auth, at(2), b"busy", 2);
+    let queued = pending(h.lock(at(3), b"busy", secs(1), secs(5), &auth));
+    h.shutdown(at(4));
+    // Renewing after the shutdown may shorten the handle, never extend it.
+    assert_eq!(h.renew(at(4), b.id, secs(1)), Ok(at(1_004)));
+    let evs = events(&mut h);
+    assert!(evs.contains(&Event::LockFailed { ticket: queued, error: LockError::Closed }), "{evs:?}");
+    assert!(evs.contains(&Event::Recalled { handle: b.id, key: b"busy".to_vec(), deadline: b.deadline }));
+    let release_of = |key: &[u8], g: Grantee, note: Option<&[u8]>, recovered: bool| Body::Release {
+        key: key.to_vec(),
+        grantee: g,
+        note: note.map(<[u8]>::to_vec),
+        recovered,
+    };
+    // The idle key passes on at once with its note; the busy one keeps its handle.
+    assert_eq!(sent(&mut h), vec![(HOME, release_of(b"idle", grantee(1), Some(b"done"), false))]);
+    assert!(h.has_handles());
+    assert_eq!(h.lock(at(5), b"other", secs(1), secs(1), &auth), Err(LockError::Closed));
+    // The handle passes its deadline: the successor is told `recovered`.
+    tick(&mut h, &auth, at(1_004) - NS);
+    assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
+    tick(&mut h, &auth, at(1_004));
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: b.id, key: b"busy".to_vec() }]);
+    assert_eq!(sent(&mut h), vec![(HOME, release_of(b"busy", grantee(2), None, true))]);
+    assert!(!h.has_handles());
 }
 
 #[test]
@@ -539,7 +593,11 @@ fn recall_releases_at_a_clean_unlock_with_the_latest_note() {
         (HOME, b"k".to_vec(), grantee(1), Some(b"n2".to_vec()), false),
         "the latest unlock's note, clean"
     );
-    assert!(events(&mut h).is_empty(), "nothing revoked");
+    assert_eq!(
+        events(&mut h),
+        vec![Event::Recalled { handle: b.id, key: b"k".to_vec(), deadline: b.deadline }],
+        "asked to unlock, nothing taken away"
+    );
     assert_eq!(h.delegation(at(300), b"k"), None);
     // Nothing wants the key: no request follows.
     tick(&mut h, &auth, at(300));
@@ -555,10 +613,7 @@ fn a_handle_taken_away_makes_the_next_release_recovered_until_a_clean_unlock() {
     // A handle outlives its ttl: it may have written without leaving a note.
     let b = locked(h.lock(at(20), b"k", ms(100), secs(5), &auth));
     tick(&mut h, &auth, at(120));
-    assert_eq!(
-        events(&mut h),
-        vec![Event::Revoked { handle: b.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
-    );
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: b.id, key: b"k".to_vec() }]);
     tick(&mut h, &auth, at(2_120));
     assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), None, true));
     // Same again, but a later handle unlocks cleanly: the release is clean, with its note.
@@ -744,10 +799,7 @@ fn expiry_revokes_every_handle_and_waiters_ask_again() {
     assert_eq!(events(&mut h), vec![Event::LockFailed { ticket: c, error: LockError::Timeout }]);
     assert_eq!(one_request(&mut h).id, renewal.id, "resent again (at 7, 8 and 9 s)");
     tick(&mut h, &auth, at(10_000));
-    assert_eq!(
-        events(&mut h),
-        vec![Event::Revoked { handle: a.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
-    );
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: a.id, key: b"k".to_vec() }]);
     assert_eq!(h.delegation(at(10_000), b"k"), None);
     let again = one_request(&mut h);
     assert_eq!((again.held, again.wait), (None, ms(20_010)), "b still waits: it asks again");
@@ -828,10 +880,7 @@ fn a_refused_renewal_is_retried_only_for_where_or_when_refusals() {
     tick(&mut h, &auth, at(9_999));
     assert!(sent(&mut h).is_empty());
     tick(&mut h, &auth, at(10_000));
-    assert_eq!(
-        events(&mut h),
-        vec![Event::Revoked { handle: a.id, key: b"k".to_vec(), reason: RevokeReason::Expired }]
-    );
+    assert_eq!(events(&mut h), vec![Event::Expired { handle: a.id, key: b"k".to_vec() }]);
     assert!(sent(&mut h).is_empty(), "an expiry sends nothing");
 }
 
@@ -954,7 +1003,7 @@ fn requests_go_to_the_home_and_soft_refusals_retry_after_a_back_off() {
 }
 
 #[test]
-fn a_retry_beyond_a_lockers_wait_fails_it_with_the_reason() {
+fn a_retry_beyond_a_lockers_wait_times_it_out() {
     let auth = Script::new();
     let mut h = holder();
     let short = pending(h.lock(at(0), b"k", secs(1), secs(2), &auth));
@@ -963,7 +1012,8 @@ fn a_retry_beyond_a_lockers_wait_fails_it_with_the_reason() {
     h.handle_message(at(100), HOME, refuse(b"k", r.id, Refusal::LockDelay(secs(5))), &auth);
     assert_eq!(
         events(&mut h),
-        vec![Event::LockFailed { ticket: short, error: LockError::Refused(Refusal::LockDelay(secs(5))) }]
+        vec![Event::LockFailed { ticket: short, error: LockError::Timeout }],
+        "the key is busy for longer than the locker waits: its wait ran out, the cluster is fine"
     );
     tick(&mut h, &auth, at(5_100));
     assert_eq!(one_request(&mut h).wait, ms(24_900));
@@ -1100,14 +1150,10 @@ fn a_local_successor_of_a_taken_away_handle_is_told_recovered() {
     // A handle whose ttl runs out under a delegation that stays live.
     let b = h.try_lock(at(2), b"k", ms(100)).unwrap();
     tick(&mut h, &auth, at(200));
-    assert!(events(&mut h).iter().any(|e| matches!(e, Event::Revoked { handle, .. } if *handle == b.id)));
-    let c = h.try_lock(at(300), b"k", secs(1)).unwrap();
-    assert!(c.recovered, "the previous local handle expired: it may have stopped halfway");
-    assert_eq!(c.note, None);
-    // Abandoned by its owner: the same.
-    h.abandon(at(301), c.id).unwrap();
-    let d = h.try_lock(at(302), b"k", secs(1)).unwrap();
-    assert!(d.recovered);
+    assert!(events(&mut h).iter().any(|e| matches!(e, Event::Expired { handle, .. } if *handle == b.id)));
+    let d = h.try_lock(at(300), b"k", secs(1)).unwrap();
+    assert!(d.recovered, "the previous local handle expired: it may have stopped halfway");
+    assert_eq!(d.note, None);
     // After a clean unlock, the next one is not.
     h.unlock(at(303), d.id, None).unwrap();
     let e = h.try_lock(at(304), b"k", secs(1)).unwrap();

@@ -41,6 +41,12 @@ pub struct Bugs {
     pub no_epoch_floor: bool,
     /// The incarnation is not persisted: a restarted node reuses an old one.
     pub volatile_incarnation: bool,
+    /// The previous epoch's home of a key is never named, so homes adopt no handover and every
+    /// moved key waits out the activation wait (a liveness promise, not safety).
+    pub no_handover: bool,
+    /// After every change, `home_active` is false until the current epoch's activation instant,
+    /// also for keys that kept their home (a liveness promise, not safety).
+    pub same_home_wait: bool,
 }
 
 /// Settings of one node's epoch core that are not part of the epoch record.
@@ -298,6 +304,15 @@ impl EpochNode {
         self.history.back().and_then(|learned| learned.ring.home(key))
     }
 
+    /// The home of `key` under the epoch before the current one, if this run learned that epoch
+    /// and still remembers it: the only node a home adopts a handed-over key from.
+    pub fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
+        if self.bugs().no_handover {
+            return None;
+        }
+        self.home_in(self.current().number.checked_sub(1)?, key)
+    }
+
     /// The home of `key` under `epoch`, if this run learned that epoch and still remembers it.
     pub fn home_in(&self, epoch: u64, key: &[u8]) -> Option<NodeId> {
         let learned = self.history.iter().find(|l| l.number == epoch)?;
@@ -320,6 +335,9 @@ impl EpochNode {
 
     /// [`EpochNode::home_active`] for a key hashed beforehand.
     pub fn home_active_digest(&self, now: Instant, key: KeyDigest) -> bool {
+        if self.bugs().same_home_wait && self.history.back().is_some_and(|l| now < l.fence_until) {
+            return false;
+        }
         let (mut leased, mut fenced) = (false, false);
         let mut expected = self.current().number;
         for (i, learned) in self.history.iter().rev().enumerate() {

@@ -69,6 +69,18 @@ pub fn rate_margin(d: Duration, rate_ppm: u32) -> Duration {
     u64::try_from(nanos).map_or(Duration::MAX, Duration::from_nanos)
 }
 
+/// The inverse of [`rate_margin`]: the longest `v` such that `rate_margin(v, rate_ppm) <= d`
+/// (rounded down), so that `v` measured on any other clock within the bound surely ends before
+/// `d` has passed on this one. What a node tells a client it may count on its own clock.
+pub fn rate_shrink(d: Duration, rate_ppm: u32) -> Duration {
+    let eps = u128::from(rate_ppm);
+    if eps >= PPM {
+        return Duration::ZERO;
+    }
+    let nanos = d.as_nanos().saturating_mul(PPM - eps) / (PPM + eps);
+    u64::try_from(nanos).map_or(Duration::MAX, Duration::from_nanos)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +93,20 @@ mod tests {
         assert!(w > Duration::from_millis(10_202) && w < Duration::from_millis(10_203));
         assert_eq!(rate_margin(d, 0), d);
         assert_eq!(rate_margin(d, 1_000_000), Duration::MAX);
+    }
+
+    #[test]
+    fn shrink_inverts_margin() {
+        for d in
+            [Duration::ZERO, Duration::from_millis(7), Duration::from_secs(10), Duration::from_secs(86_400)]
+        {
+            for ppm in [0, 1, 100, 10_000, 999_999] {
+                let v = rate_shrink(d, ppm);
+                assert!(rate_margin(v, ppm) <= d, "{d:?} {ppm}");
+                assert!(rate_margin(v + Duration::from_nanos(2), ppm) > d || v == d, "{d:?} {ppm}");
+            }
+        }
+        assert_eq!(rate_shrink(Duration::from_secs(1), 1_000_000), Duration::ZERO);
     }
 
     #[test]

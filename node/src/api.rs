@@ -3,11 +3,18 @@
 //!
 //! # Sessions
 //!
-//! A handle belongs to the client connection that locked it. When that connection ends, its
-//! handles are unlocked after the configured grace (`locks.session_grace_ms`), unless a new
-//! connection with the same certificate identity renewed or unlocked them first (which moves them
-//! to the new connection). Lost handles are reported on the owning connection's event stream
-//! ([`Request::Subscribe`]), if it opened one.
+//! A handle belongs to the client connection that locked it and to that connection's
+//! certificate identity. When the connection ends, its handles are **not** ended early: the
+//! client may still be working inside the deadline it was told, so each handle keeps its key
+//! until it is unlocked or passes that deadline (its successor is then told `recovered`). A new
+//! connection with the same certificate identity may renew or unlock them meanwhile (which moves
+//! them to the new connection); a connection of any other identity is refused.
+//!
+//! # Events
+//!
+//! Recalls (another client wants the key: unlock soon) and expiries are reported on the owning
+//! connection's event stream ([`Request::Subscribe`]), numbered per connection so a client sees
+//! when it missed one. They are advisory: the deadline the client was told is what it relies on.
 //!
 //! # Authorisation
 //!
@@ -19,15 +26,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use keyhome_delegation::{Handle, LockError, RevokeReason};
+use keyhome_delegation::{Handle, HandleId, LockError};
 use keyhome_epoch::Instant;
+use keyhome_epoch::time::rate_shrink;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::core::{Lost, Owner};
+use crate::clock::BootClock;
+use crate::core::{ClaimError, ClientOwner, Notice, Owner};
 use crate::pki::Role;
 use crate::runtime::{Shared, lock};
 use crate::wire::{
-    self, ApiError, ClientEvent, ErrorKind, Locked, LostReason, MAX_CLIENT_FRAME, Request, Response,
+    self, ApiError, ClientEvent, ErrorKind, EventKind, Locked, MAX_CLIENT_FRAME, Request, Response,
 };
 
 /// Lost-handle events queued per subscribed connection before further ones are dropped.
@@ -39,46 +48,80 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The client connections of one node.
 pub struct Sessions {
-    grace: Duration,
     next: AtomicU64,
-    conns: std::sync::Mutex<HashMap<u64, Conn>>,
+    state: std::sync::Mutex<SessionState>,
 }
 
-/// One client connection: its certificate's role and its event stream, if it subscribed.
+#[derive(Default)]
+struct SessionState {
+    conns: HashMap<u64, Conn>,
+    /// Certificate identities, numbered: handles pass only between connections of one number.
+    identities: HashMap<Role, u64>,
+}
+
+/// One client connection: its event stream, if it subscribed.
 struct Conn {
-    role: Role,
     events: Option<mpsc::Sender<ClientEvent>>,
+    /// The last event number given out on this connection (dropped ones included).
+    seq: u64,
+}
+
+impl Default for Sessions {
+    fn default() -> Sessions {
+        Sessions::new()
+    }
 }
 
 impl Sessions {
-    pub fn new(grace: Duration) -> Sessions {
-        Sessions { grace, next: AtomicU64::new(1), conns: std::sync::Mutex::new(HashMap::new()) }
+    pub fn new() -> Sessions {
+        Sessions { next: AtomicU64::new(1), state: std::sync::Mutex::new(SessionState::default()) }
     }
 
-    /// Sends each loss to the owning connection's event stream, if it has one.
-    pub fn report_lost(&self, lost: impl IntoIterator<Item = Lost>) {
-        let conns = lock(&self.conns);
-        for l in lost {
-            if let Some(Conn { events: Some(tx), .. }) = conns.get(&l.owner) {
-                let reason = match l.reason {
-                    RevokeReason::Recalled => LostReason::Recalled,
-                    RevokeReason::Expired => LostReason::Expired,
-                };
-                let _ = tx.try_send(ClientEvent::Lost { handle: l.handle.serial(), key: l.key, reason });
-            }
+    /// A new connection of `role`, as the core's owner of the handles it locks.
+    fn open(&self, role: Role) -> ClientOwner {
+        let conn = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut state = lock(&self.state);
+        let fresh = state.identities.len() as u64 + 1;
+        let identity = *state.identities.entry(role).or_insert(fresh);
+        state.conns.insert(conn, Conn { events: None, seq: 0 });
+        ClientOwner { conn, identity }
+    }
+
+    fn close(&self, conn: u64) {
+        lock(&self.state).conns.remove(&conn);
+    }
+
+    /// Sends each notice to the owning connection's event stream, if it has one. A full queue
+    /// drops the event but not its number, so the client sees the gap.
+    pub fn report(
+        &self,
+        clock: &BootClock,
+        notices: impl IntoIterator<Item = (ClientOwner, HandleId, Vec<u8>, Notice)>,
+    ) {
+        let mut state = lock(&self.state);
+        let now = clock.now();
+        for (owner, handle, key, notice) in notices {
+            let Some(conn) = state.conns.get_mut(&owner.conn) else { continue };
+            let Some(tx) = &conn.events else { continue };
+            conn.seq += 1;
+            let kind = match notice {
+                // No rate margin here: the client still counts from the send instant of its
+                // last lock or renewal, and this only tells it to hurry.
+                Notice::Recalled { deadline } => {
+                    EventKind::Recalled { valid_for: deadline.saturating_duration_since(now) }
+                }
+                Notice::Expired => EventKind::Expired,
+            };
+            let _ = tx.try_send(ClientEvent { seq: conn.seq, handle: handle.serial(), key, kind });
         }
-    }
-
-    fn role_of(&self, conn: u64) -> Option<Role> {
-        lock(&self.conns).get(&conn).map(|c| c.role.clone())
     }
 }
 
-/// Serves one client connection until it closes, then schedules the release of its handles.
+/// Serves one client connection until it closes. Its handles live on to their deadlines (see
+/// the module docs).
 pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Role) {
-    let id = shared.api.next.fetch_add(1, Ordering::Relaxed);
-    lock(&shared.api.conns).insert(id, Conn { role: role.clone(), events: None });
-    tracing::debug!(conn = id, ?role, remote = %conn.remote_address(), "client connected");
+    let owner = shared.api.open(role.clone());
+    tracing::debug!(conn = owner.conn, ?role, remote = %conn.remote_address(), "client connected");
     let mut stop = shared.shutdown.subscribe();
     loop {
         let stream = tokio::select! {
@@ -87,30 +130,22 @@ pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Ro
         };
         match stream {
             Ok((send, recv)) => {
-                tokio::spawn(serve_stream(Arc::clone(&shared), id, role.clone(), send, recv));
+                tokio::spawn(serve_stream(Arc::clone(&shared), owner, role.clone(), send, recv));
             }
             Err(_) => break,
         }
     }
-    lock(&shared.api.conns).remove(&id);
-    let grace = shared.api.grace;
-    tokio::spawn(async move {
-        tokio::time::sleep(grace).await;
-        shared.with_core(|core, now| {
-            for handle in core.handles_of(Owner::Client(id)) {
-                let _ = core.abandon(now, handle);
-            }
-        });
-    });
+    shared.api.close(owner.conn);
 }
 
 async fn serve_stream(
     shared: Arc<Shared>,
-    conn: u64,
+    owner: ClientOwner,
     role: Role,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
+    let conn = owner.conn;
     let request = match wire::read_frame::<Request>(&mut recv, MAX_CLIENT_FRAME).await {
         Ok(Some(request)) => request,
         Ok(None) => return,
@@ -126,7 +161,7 @@ async fn serve_stream(
         return subscribe(shared, conn, send).await;
     }
     let response = tokio::select! {
-        r = answer(&shared, conn, &role, request) => r,
+        r = answer(&shared, owner, &role, request) => r,
         // The client gave up (reset the stream): whatever was pending was cancelled by the drop.
         _ = send.stopped() => return,
     };
@@ -139,52 +174,54 @@ async fn serve_stream(
 
 async fn answer(
     shared: &Arc<Shared>,
-    conn: u64,
+    owner: ClientOwner,
     role: &Role,
     request: Request,
 ) -> Result<Response, ApiError> {
-    let owner = Owner::Client(conn);
     match request {
         Request::Lock { key, ttl, wait } => {
-            let (tx, rx) = oneshot::channel();
-            let outcome = shared.with_core(|core, now| {
-                core.lock(now, &key, ttl, wait, owner, || tx).map(|r| r.map(|h| locked(&h, now)))
-            });
-            match outcome.map_err(lock_error)? {
-                Ok(locked) => Ok(Response::Locked(locked)),
-                Err(ticket) => {
-                    let handle = crate::runtime::await_lock(shared, ticket, rx).await.map_err(lock_error)?;
-                    Ok(Response::Locked(locked(&handle, shared.clock.now())))
-                }
-            }
+            let handle = crate::runtime::lock_key(shared, &key, ttl, wait, Owner::Client(owner))
+                .await
+                .map_err(lock_error)?;
+            let now = shared.clock.now();
+            let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
+            Ok(Response::Locked(locked(&handle, now, ppm)))
         }
         Request::Renew { handle, ttl } => {
-            let remaining = shared.with_core(|core, now| {
-                let h = claim(core, &shared.api, conn, role, handle)?;
-                core.renew(now, h, ttl)
-                    .map(|deadline| deadline.saturating_duration_since(now))
+            let valid_for = shared.with_core(|d, now| {
+                let h = d.core.claim(handle, owner).map_err(claim_error)?;
+                let ppm = d.core.current().timing.clock_rate_ppm;
+                d.core
+                    .renew(now, h, ttl)
+                    .map(|deadline| rate_shrink(deadline.saturating_duration_since(now), ppm))
                     .map_err(lock_error)
             })?;
-            Ok(Response::Renewed { valid_for: remaining })
+            Ok(Response::Renewed { valid_for })
         }
         Request::Unlock { handle, note } => {
-            shared.with_core(|core, now| {
-                let h = claim(core, &shared.api, conn, role, handle)?;
-                core.unlock(now, h, note).map_err(lock_error)
+            shared.with_core(|d, now| {
+                let h = d.core.claim(handle, owner).map_err(claim_error)?;
+                d.core.unlock(now, h, note).map_err(lock_error)
             })?;
             Ok(Response::Unlocked)
         }
         Request::Check { key, token } => {
             let (tx, rx) = oneshot::channel();
-            shared.with_core(|core, now| core.check(now, key, token, tx)).map_err(lock_error)?;
-            match tokio::time::timeout(CHECK_TIMEOUT, rx).await {
-                Ok(Ok(current)) => Ok(Response::Checked { current }),
+            shared
+                .with_core(|d, now| {
+                    let id = d.core.check(now, key, token, CHECK_TIMEOUT)?;
+                    d.checks.insert(id, tx);
+                    Ok(())
+                })
+                .map_err(lock_error)?;
+            match rx.await {
+                Ok(Some(current)) => Ok(Response::Checked { current }),
                 _ => Err(ApiError::new(ErrorKind::Unavailable, "the key's home did not answer in time")),
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),
         Request::EpochShow => {
-            Ok(Response::Epoch(Box::new(shared.with_core(|core, _| core.epoch.current().clone()))))
+            Ok(Response::Epoch(Box::new(shared.with_core(|d, _| d.core.current().clone()))))
         }
         Request::Propose(change) => {
             if *role != Role::Operator {
@@ -195,8 +232,12 @@ async fn answer(
             }
             let (tx, rx) = oneshot::channel();
             shared
-                .with_core(|core, now| core.propose(now, change, tx))
-                .map_err(|e| ApiError::new(ErrorKind::Epoch, e.to_string()))?;
+                .with_core(|d, now| {
+                    d.core.propose(now, change)?;
+                    d.proposal = Some(tx);
+                    Ok(())
+                })
+                .map_err(|e: keyhome_epoch::ProposeError| ApiError::new(ErrorKind::Epoch, e.to_string()))?;
             match tokio::time::timeout(PROPOSE_TIMEOUT, rx).await {
                 Ok(Ok(Ok(epoch))) => Ok(Response::Proposed { epoch }),
                 Ok(Ok(Err(e))) => Err(ApiError::new(ErrorKind::Epoch, e.to_string())),
@@ -209,13 +250,9 @@ async fn answer(
             if *role != Role::Operator {
                 return Err(ApiError::new(ErrorKind::Forbidden, "recovery needs an operator certificate"));
             }
-            let epoch = shared.with_core(|core, now| {
-                let mut left_out: Vec<_> = core
-                    .epoch
-                    .current()
-                    .member_ids()
-                    .filter(|id| !members.iter().any(|m| m.id == *id))
-                    .collect();
+            let epoch = shared.with_core(|d, now| {
+                let mut left_out: Vec<_> =
+                    d.core.current().member_ids().filter(|id| !members.iter().any(|m| m.id == *id)).collect();
                 let mut confirmed = stopped.clone();
                 left_out.sort();
                 confirmed.sort();
@@ -233,7 +270,8 @@ async fn answer(
                         ),
                     ));
                 }
-                core.recover_unsafe(now, members, skip)
+                d.core
+                    .recover_unsafe(now, members, skip)
                     .map_err(|e| ApiError::new(ErrorKind::Epoch, e.to_string()))
             })?;
             tracing::warn!(epoch, "UNSAFE recovery installed a new epoch without agreement");
@@ -243,35 +281,17 @@ async fn answer(
     }
 }
 
-/// The handle `serial`, if this connection, or one with the same certificate identity, owns it;
-/// it then belongs to this connection.
-fn claim(
-    core: &mut crate::core::Core,
-    sessions: &Sessions,
-    conn: u64,
-    role: &Role,
-    serial: u64,
-) -> Result<keyhome_delegation::HandleId, ApiError> {
-    let unknown = || {
-        ApiError::new(
-            ErrorKind::Lost,
-            format!("handle {serial} is not held (unlocked, lost or never issued)"),
-        )
-    };
-    let (handle, owner) = core.handle(serial).ok_or_else(unknown)?;
-    match owner {
-        Owner::Client(c) if c == conn => Ok(handle),
-        Owner::Client(c) if sessions.role_of(c).is_none_or(|r| r == *role) => {
-            core.set_owner(handle, Owner::Client(conn));
-            Ok(handle)
-        }
-        _ => Err(ApiError::new(ErrorKind::Forbidden, format!("handle {serial} belongs to another client"))),
+fn claim_error(e: ClaimError) -> ApiError {
+    match e {
+        ClaimError::NotHeld(_) => ApiError::new(ErrorKind::Lost, e.to_string()),
+        ClaimError::Forbidden(_) => ApiError::new(ErrorKind::Forbidden, e.to_string()),
     }
 }
 
 async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) {
     let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-    if let Some(c) = lock(&shared.api.conns).get_mut(&conn) {
+    // A second subscription on one connection replaces the first: its stream ends.
+    if let Some(c) = lock(&shared.api.state).conns.get_mut(&conn) {
         c.events = Some(tx);
     }
     loop {
@@ -289,12 +309,13 @@ async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) 
     }
 }
 
-/// The wire form of a handle admitted at `now`.
-pub fn locked(handle: &Handle, now: Instant) -> Locked {
+/// The wire form of a handle admitted, answered at `now` under a clock-rate bound of `ppm`: the
+/// client counts `valid_for` from its own send instant, on its own clock.
+pub fn locked(handle: &Handle, now: Instant, ppm: u32) -> Locked {
     Locked {
         handle: handle.id.serial(),
         token: handle.token,
-        valid_for: handle.deadline.saturating_duration_since(now),
+        valid_for: rate_shrink(handle.deadline.saturating_duration_since(now), ppm),
         note: handle.note.clone(),
         recovered: handle.recovered,
     }
@@ -304,7 +325,7 @@ pub fn locked(handle: &Handle, now: Instant) -> Locked {
 pub fn lock_error(e: LockError) -> ApiError {
     let kind = match e {
         LockError::WouldBlock | LockError::Timeout => ErrorKind::Timeout,
-        LockError::Revoked | LockError::Expired | LockError::UnknownHandle => ErrorKind::Lost,
+        LockError::Expired | LockError::UnknownHandle => ErrorKind::Lost,
         LockError::KeyTooLong | LockError::ZeroTtl | LockError::NoteTooLarge => ErrorKind::Invalid,
         LockError::QueueFull | LockError::NoHome | LockError::Refused(_) | LockError::Closed => {
             ErrorKind::Unavailable

@@ -90,31 +90,15 @@ pub struct NodeConfig {
 pub struct LockSettings {
     /// Delegation lease asked for (capped by the epoch's `max_delegation_lease`) [10 000].
     pub delegation_lease_ms: u64,
-    /// After a recall, how long a local holder may finish before it is revoked [1 000].
-    pub recall_grace_ms: u64,
     /// An unused delegation is released after this long [2 000].
     pub idle_release_ms: u64,
     /// After an unclean expiry, a key this node homes is kept from everyone this long [0: off].
     pub lock_delay_ms: u64,
-    /// When a client's connection drops, its handles are released after this long [5 000].
-    pub session_grace_ms: u64,
 }
 
 impl Default for LockSettings {
     fn default() -> LockSettings {
-        LockSettings {
-            delegation_lease_ms: 10_000,
-            recall_grace_ms: 1_000,
-            idle_release_ms: 2_000,
-            lock_delay_ms: 0,
-            session_grace_ms: 5_000,
-        }
-    }
-}
-
-impl LockSettings {
-    pub fn session_grace(&self) -> Duration {
-        Duration::from_millis(self.session_grace_ms)
+        LockSettings { delegation_lease_ms: 10_000, idle_release_ms: 2_000, lock_delay_ms: 0 }
     }
 }
 

@@ -1,133 +1,193 @@
-//! [`Core`]: the three protocol state machines of one node and the glue between them.
+//! [`Core`]: one node's protocol state machines and the glue between them, as one pure state
+//! machine. The node runtime drives it on tokio; the simulation (`keyhome-sim`) drives the very
+//! same type on simulated clocks, disks and networks.
 //!
-//! The epoch core ([`EpochNode`]), the home side ([`Home`]) and the holder side ([`Holder`]) are
-//! pure; this type feeds them inputs and routes what they produce:
+//! Like the cores it wraps ([`EpochNode`], [`Home`], [`Holder`]) it does no I/O, reads no clock
+//! and holds no channel: every input comes with the current instant of this node's monotonic
+//! clock, and everything it wants done comes out of [`Core::poll_output`] as an [`Output`]:
 //!
-//! - epoch messages and delegation messages for other nodes go to [`Core::take_outbox`], which
-//!   the runtime sends on the peers' QUIC links after releasing the lock;
-//! - delegation messages this node sends to itself (its holder asking its own home) are handled
-//!   at once, in order, without touching the network;
-//! - every epoch [`Ready`] that has writes goes to the persistence queue ([`Core::take_persist`]):
-//!   its persisted messages leave only after [`Core::persisted`] is called for it;
-//! - holder events resolve the pending lock waiters ([`Waiters`]) and report lost handles.
+//! - [`Output::Transmit`]: a message for another node;
+//! - [`Output::Persist`]: epoch writes to make durable, then report with [`Core::persisted`];
+//!   the messages that depend on them are held back until then (raft's `Ready` rule);
+//! - [`Output::LockDone`], [`Output::CheckDone`], [`Output::ProposalDone`]: the outcome of a
+//!   pending call;
+//! - [`Output::Notice`]: a client handle was recalled (its owner should unlock) or expired;
+//! - [`Output::EpochLearned`]: the runtime refreshes its links;
+//! - [`Output::Observed`]: only when asked for ([`Core::observe_local`]), a copy of each
+//!   delegation message this node delivered to itself, so a checker sees every grant.
 //!
-//! Every entry point ends with [`Core::settle`], which handles every due timer and drains every
-//! output until nothing is left, so the caller never has to know what a call produced.
+//! Delegation messages this node sends to itself (its holder asking its own home) are handled at
+//! once, in order, inside the call that produced them. Every input ends by settling: every due
+//! timer runs and every local message is delivered, so after any call [`Core::poll_timeout`] is
+//! later than its `now` unless the caller passed a later instant.
+//!
+//! # Owners
+//!
+//! A client handle belongs to a [`ClientOwner`]: the connection that locked it and the identity
+//! (certificate) behind that connection. Only a connection with the same identity may take a
+//! handle over ([`Core::claim`]), and a handle whose connection went away is never ended early:
+//! it keeps its key until its deadline, since the client may still be working inside the
+//! deadline it was told. Embedded handles have no owner entry (their guard holds the handle).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use keyhome_delegation::{
     Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
-    LockError, Message as DMessage, RevokeReason, Ticket,
+    LockError, LockOutcome, Message as DMessage, Ticket,
 };
-use keyhome_epoch::{Change, EpochNode, Event as EpochEvent, Instant, NodeId, ProposeError, Ready, Write};
+use keyhome_epoch::{
+    Change, EpochNode, EpochRecord, Event as EpochEvent, Instant, Member, Message as EpochMessage, NodeId,
+    ProposeError, Ready, Write,
+};
 use serde::{Deserialize, Serialize};
-use tokio::sync::oneshot;
 
-use crate::wire::PeerFrame;
+use crate::status::{Counters, MemberStatus, Status};
 
-/// Most `handle_timeout` rounds one settle runs; the cores promise that timers move past `now`,
-/// so this only guards against a bug turning into a busy loop.
-const MAX_SETTLE_ROUNDS: usize = 10_000;
+/// Most timer rounds one settle runs. Every core moves its timers past `now` in a round, so a
+/// second round is rare; this only turns a core bug into a logged error instead of a busy loop.
+const MAX_TIMER_ROUNDS: usize = 64;
+/// Token checks waiting for their key's home, at most; more are refused with `QueueFull`.
+pub const MAX_PENDING_CHECKS: usize = 4096;
+/// Pending locks one client connection may have at once; more are refused with `QueueFull`.
+pub const MAX_PENDING_LOCKS_PER_CONN: usize = 1024;
+/// Epoch `Ready`s waiting for the disk, at most: past it incoming epoch messages are dropped
+/// (their senders resend) until the disk catches up.
+pub const MAX_PERSIST_BACKLOG: usize = 1024;
 
-/// Cluster messages in and out of this node, for `keyhome status` and the tests that assert a
-/// cached re-lock sends nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Frames queued for other nodes.
-    pub peer_sent: u64,
-    /// Frames received from other nodes.
-    pub peer_received: u64,
-    /// Frames dropped because a peer's queue was full or its link was down.
-    pub peer_dropped: u64,
-    /// Delegation messages this node sent to itself (holder to own home and back): no network.
-    pub local_delivered: u64,
-    /// Locks admitted (local and remote clients, embedded callers).
-    pub locks: u64,
-    /// Locks admitted at once, without any message.
-    pub locks_immediate: u64,
-    /// Delegation messages queued for other nodes (requests, grants, recalls, releases, checks,
-    /// handovers): unlike `peer_sent`, background epoch traffic (home-lease renewals) is not
-    /// counted, so a cached re-lock shows up as no change here.
-    pub delegation_sent: u64,
-    /// Delegation messages received from other nodes.
-    pub delegation_received: u64,
+/// A message between nodes, as the core takes and produces it (the wire adds its `Hello`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum PeerMessage {
+    Epoch(EpochMessage),
+    Delegation(DMessage),
 }
 
-/// A persistence job: make `writes` durable, then send `messages` and call [`Core::persisted`].
-#[derive(Debug)]
-pub struct PersistJob {
-    pub number: u64,
-    pub writes: Vec<Write>,
-    pub messages: Vec<(NodeId, PeerFrame)>,
+/// A client handle's owner: the connection that holds it and the identity behind it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientOwner {
+    /// The connection, as numbered by the runtime.
+    pub conn: u64,
+    /// The certificate identity of that connection, as numbered by the runtime: handles pass
+    /// only between connections of one identity.
+    pub identity: u64,
 }
 
-/// Where the outcome of a pending lock goes.
-pub type LockReply = oneshot::Sender<Result<Handle, LockError>>;
-
-/// Who owns a handle, so its loss can be reported to the right place.
+/// Who a lock is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Owner {
-    /// An embedded caller: nobody is told (its guard finds out on next use).
+    /// An embedded caller: its guard holds the handle and asks the core when it needs to know.
     Embedded,
-    /// A client connection.
-    Client(u64),
+    /// A client connection, told of its handles' recalls and expiries.
+    Client(ClientOwner),
 }
 
-/// A handle lost, for the owner's event stream.
-#[derive(Clone, Debug)]
-pub struct Lost {
-    pub owner: u64,
-    pub handle: HandleId,
-    pub key: Vec<u8>,
-    pub reason: RevokeReason,
+/// What a client must learn about one of its handles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Notice {
+    /// The key's home recalled it: the handle stays valid until `deadline` (this node's clock),
+    /// which no longer grows; the owner should unlock as soon as it can.
+    Recalled { deadline: Instant },
+    /// The handle passed its deadline: the lock is lost.
+    Expired,
 }
 
-/// The three state machines and their glue. Lives behind the runtime's mutex.
+/// Something the driver must do; see the module docs.
+#[derive(Debug, PartialEq)]
+pub enum Output {
+    Transmit {
+        to: NodeId,
+        message: PeerMessage,
+    },
+    /// Make `writes` durable (in order, after every earlier `Persist`), then call
+    /// [`Core::persisted`] with `number`.
+    Persist {
+        number: u64,
+        writes: Vec<Write>,
+    },
+    LockDone {
+        ticket: Ticket,
+        result: Result<Handle, LockError>,
+    },
+    /// Whether the checked token is the newest admission the key's home knows of; `None` when the
+    /// home did not answer within the check's timeout.
+    CheckDone {
+        id: u64,
+        current: Option<bool>,
+    },
+    ProposalDone {
+        result: Result<u64, ProposeError>,
+    },
+    Notice {
+        owner: ClientOwner,
+        handle: HandleId,
+        key: Vec<u8>,
+        notice: Notice,
+    },
+    /// The node learned epoch `epoch` (its homes and holder have already adjusted).
+    EpochLearned {
+        epoch: u64,
+    },
+    /// A delegation message this node delivered to itself (see [`Core::observe_local`]).
+    Observed {
+        message: DMessage,
+    },
+}
+
+/// Why [`Core::claim`] refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    #[error("handle {0} is not held (unlocked, expired or never issued)")]
+    NotHeld(u64),
+    #[error("handle {0} belongs to another client identity")]
+    Forbidden(u64),
+}
+
+/// One node's protocol state machines and their glue. See the module docs.
 pub struct Core {
-    pub id: NodeId,
-    pub epoch: EpochNode,
-    pub home: Home,
-    pub holder: Holder,
+    id: NodeId,
+    epoch: EpochNode,
+    home: Home,
+    holder: Holder,
     /// Every node named by an epoch this run learned: peers we accept connections from.
     known: HashSet<NodeId>,
     /// The last address an epoch this run learned gave each node, so that a node removed from the
     /// current epoch can still be told about it (and have its handovers acknowledged).
     addrs: HashMap<NodeId, String>,
-    /// Delegation messages to self, handled in order within [`Core::settle`].
+    /// Delegation messages to self, delivered in order within [`Core::settle`].
     local: VecDeque<DMessage>,
-    outbox: Vec<(NodeId, PeerFrame)>,
-    persist: Vec<PersistJob>,
-    /// Pending `Holder::lock` calls.
-    waiters: HashMap<Ticket, (LockReply, Owner)>,
-    /// Live handles of clients by serial number (the number clients name them by), with their
-    /// owners. Embedded handles are not kept here: nobody is told of their loss, and their
-    /// guards hold the handle id.
-    owners: HashMap<u64, (HandleId, Owner)>,
-    lost: Vec<Lost>,
-    /// Handles admitted for callers that gave up waiting, with the note they came with: unlocked
-    /// at once, passing the note on (nothing was done under them).
-    abandoned: Vec<(HandleId, Option<Vec<u8>>)>,
-    /// Pending token checks, by request id.
-    checks: HashMap<u64, oneshot::Sender<bool>>,
+    out: VecDeque<Output>,
+    /// Messages of epoch `Ready`s, by `Ready` number, waiting for their writes to be durable.
+    gated: VecDeque<(u64, Vec<(NodeId, EpochMessage)>)>,
+    /// Pending `lock` calls and whom they are for.
+    waiters: HashMap<Ticket, Owner>,
+    /// Pending locks per client connection.
+    pending_per_conn: HashMap<u64, usize>,
+    /// Live client handles by serial number (the number clients name them by), with their owners.
+    owners: HashMap<u64, (HandleId, ClientOwner)>,
+    /// Pending token checks: ids by deadline, and the live ids.
+    checks: HashSet<u64>,
+    check_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     next_check: u64,
-    /// The operator change in progress on this node.
-    proposal: Option<oneshot::Sender<Result<u64, ProposeError>>>,
-    /// Set when the epoch changed; the runtime refreshes its links.
-    epoch_changed: bool,
-    pub counters: Counters,
+    /// An operator change is in progress on this node.
+    proposing: bool,
+    counters: Counters,
     /// Once set (a write failed), nothing leaves this node any more.
     failed: bool,
+    /// Report local deliveries as [`Output::Observed`].
+    observe_local: bool,
 }
 
 impl Core {
-    /// A core around an epoch node whose first `Ready` (the incarnation) is already durable.
+    // ---- construction ----
+
+    /// A core around a freshly started epoch node. Its first outputs are the writes of the run's
+    /// start (the incarnation): the runtime makes them durable before it opens its port.
     pub fn new(epoch: EpochNode, home: HomeConfig, holder: HolderConfig, now: Instant) -> Core {
         let id = epoch.id();
         let known = epoch.current().member_ids().collect();
         let addrs = epoch.current().members.iter().map(|m| (m.id, m.addr.clone())).collect();
-        Core {
+        let mut core = Core {
             id,
             home: Home::new(home, now),
             holder: Holder::new(holder, now),
@@ -135,53 +195,39 @@ impl Core {
             known,
             addrs,
             local: VecDeque::new(),
-            outbox: Vec::new(),
-            persist: Vec::new(),
+            out: VecDeque::new(),
+            gated: VecDeque::new(),
             waiters: HashMap::new(),
+            pending_per_conn: HashMap::new(),
             owners: HashMap::new(),
-            lost: Vec::new(),
-            abandoned: Vec::new(),
-            checks: HashMap::new(),
+            checks: HashSet::new(),
+            check_deadlines: BinaryHeap::new(),
             next_check: 0,
-            proposal: None,
-            epoch_changed: true,
+            proposing: false,
             counters: Counters::default(),
             failed: false,
-        }
+            observe_local: false,
+        };
+        core.out.push_back(Output::EpochLearned { epoch: core.current().number });
+        core.settle(now);
+        core
     }
 
-    /// Whether `peer` is named by an epoch this node learned.
-    pub fn is_known(&self, peer: NodeId) -> bool {
-        self.known.contains(&peer)
-    }
+    // ---- inputs from peers, timers and the disk ----
 
-    /// The address of `peer` in the current epoch.
-    pub fn addr_of(&self, peer: NodeId) -> Option<String> {
-        self.epoch.current().members.iter().find(|m| m.id == peer).map(|m| m.addr.clone())
-    }
-
-    /// Where to reach `peer`: its address in the current epoch, else the last one an earlier
-    /// epoch gave it (a removed node still hears of the epoch that removed it).
-    pub fn link_addr(&self, peer: NodeId) -> Option<String> {
-        self.addr_of(peer).or_else(|| self.addrs.get(&peer).cloned())
-    }
-
-    /// Stops everything from leaving: a durable write failed.
-    pub fn fail(&mut self) {
-        self.failed = true;
-        self.outbox.clear();
-        self.persist.clear();
-    }
-
-    // ---- inputs ----
-
-    /// A frame from peer `from` (authenticated by its certificate).
-    pub fn handle_frame(&mut self, now: Instant, from: NodeId, frame: PeerFrame) {
+    /// A message from peer `from` (authenticated by its certificate).
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, message: PeerMessage) {
         self.counters.peer_received += 1;
-        match frame {
-            PeerFrame::Hello { .. } => {}
-            PeerFrame::Epoch(message) => self.epoch.handle_message(now, from, message),
-            PeerFrame::Delegation(message) => {
+        match message {
+            PeerMessage::Epoch(message) => {
+                if self.gated.len() >= MAX_PERSIST_BACKLOG {
+                    // The disk is behind: the sender resends what matters.
+                    self.counters.peer_dropped += 1;
+                    return;
+                }
+                self.epoch.handle_message(now, from, message)
+            }
+            PeerMessage::Delegation(message) => {
                 self.counters.delegation_received += 1;
                 self.deliver(now, from, message)
             }
@@ -189,32 +235,62 @@ impl Core {
         self.settle(now);
     }
 
-    /// Timers: call at or after [`Core::poll_timeout`].
+    /// Timers: call at or after [`Core::poll_timeout`]; harmless earlier.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.settle(now);
     }
 
-    /// The earliest instant something is due.
+    /// The earliest instant something is due, local deliveries included.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.epoch.poll_timeout(), self.home.poll_timeout(), self.holder.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.epoch.poll_timeout(),
+            self.home.poll_timeout(),
+            self.holder.poll_timeout(),
+            self.check_deadlines.peek().map(|Reverse((at, _))| *at),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
-    /// The writes of persistence job `number` (and every earlier one) are durable and its messages
-    /// are queued.
-    pub fn persisted(&mut self, now: Instant, job: PersistJob) {
+    /// The writes of [`Output::Persist`] `number` (and of every earlier one) are durable: the
+    /// messages that waited for them leave.
+    pub fn persisted(&mut self, now: Instant, number: u64) {
         if self.failed {
             return;
         }
-        self.outbox.extend(job.messages);
-        self.epoch.advance(now, job.number);
+        while self.gated.front().is_some_and(|(n, _)| *n <= number) {
+            let (_, messages) = self.gated.pop_front().expect("front checked");
+            for (to, message) in messages {
+                self.send(to, PeerMessage::Epoch(message));
+            }
+        }
+        self.epoch.advance(now, number);
         self.settle(now);
     }
 
-    /// Locks `key` for `owner`: admitted at once (`Ok(Ok(handle))`), or pending with its outcome
-    /// sent to `reply` (`Ok(Err(ticket))`).
+    /// A durable write failed: nothing leaves this node any more (the runtime stops it).
+    pub fn fail(&mut self) {
+        self.failed = true;
+        self.out.retain(|o| !matches!(o, Output::Transmit { .. } | Output::Persist { .. }));
+        self.gated.clear();
+    }
+
+    /// Whether to report each delegation message this node delivers to itself as an
+    /// [`Output::Observed`] (for checkers; off by default, and costs a copy per message).
+    pub fn observe_local(&mut self, on: bool) {
+        self.observe_local = on;
+    }
+
+    /// A frame for a peer could not be queued (its link is down or full).
+    pub fn count_dropped(&mut self, frames: u64) {
+        self.counters.peer_dropped += frames;
+    }
+
+    // ---- lock calls ----
+
+    /// Locks `key` for `owner`: admitted at once ([`LockOutcome::Locked`]), or pending
+    /// ([`LockOutcome::Pending`]) with its outcome in a later [`Output::LockDone`].
     pub fn lock(
         &mut self,
         now: Instant,
@@ -222,25 +298,29 @@ impl Core {
         ttl: Duration,
         wait: Duration,
         owner: Owner,
-        reply: impl FnOnce() -> LockReply,
-    ) -> Result<Result<Handle, Ticket>, LockError> {
+    ) -> Result<LockOutcome, LockError> {
+        if let Owner::Client(c) = owner
+            && self.pending_per_conn.get(&c.conn).is_some_and(|&n| n >= MAX_PENDING_LOCKS_PER_CONN)
+        {
+            return Err(LockError::QueueFull);
+        }
         let outcome = self.holder.lock(now, key, ttl, wait, &self.epoch);
-        let result = match outcome {
-            Ok(keyhome_delegation::LockOutcome::Locked(handle)) => {
-                self.admitted(&handle, owner, true);
-                Ok(Ok(handle))
+        match &outcome {
+            Ok(LockOutcome::Locked(handle)) => self.admitted(handle, owner, true),
+            Ok(LockOutcome::Pending(ticket)) => {
+                self.waiters.insert(*ticket, owner);
+                if let Owner::Client(c) = owner {
+                    *self.pending_per_conn.entry(c.conn).or_default() += 1;
+                }
             }
-            Ok(keyhome_delegation::LockOutcome::Pending(ticket)) => {
-                self.waiters.insert(ticket, (reply(), owner));
-                Ok(Err(ticket))
-            }
-            Err(e) => Err(e),
-        };
+            Err(_) => {}
+        }
         self.settle(now);
-        result
+        outcome
     }
 
-    /// Locks `key` only if that needs no message; the fast path of embedded callers.
+    /// Locks `key` only if that needs no message: the fast path of embedded callers. A miss
+    /// starts asking the key's home in the background.
     pub fn try_lock(
         &mut self,
         now: Instant,
@@ -252,27 +332,30 @@ impl Core {
         if let Ok(handle) = &result {
             self.admitted(handle, owner, true);
         }
-        // A miss starts a request: send it now rather than at the next timer.
-        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
-            self.settle(now);
-        }
+        self.settle_if_due(now);
         result
     }
 
-    /// Gives up a pending lock; `false` if it was already decided.
+    /// Gives up a pending lock; `false` if it was already decided (its [`Output::LockDone`] is
+    /// queued or was taken).
     pub fn cancel(&mut self, now: Instant, ticket: Ticket) -> bool {
-        self.waiters.remove(&ticket);
+        if let Some(owner) = self.waiters.remove(&ticket) {
+            self.unqueue(owner);
+        }
         let cancelled = self.holder.cancel(now, ticket);
         self.settle(now);
         cancelled
     }
 
+    /// Extends a live handle (see [`Holder::renew`]); returns its new deadline.
     pub fn renew(&mut self, now: Instant, handle: HandleId, ttl: Duration) -> Result<Instant, LockError> {
         let result = self.holder.renew(now, handle, ttl);
         self.forget_if_lost(handle, &result);
+        self.settle_if_due(now);
         result
     }
 
+    /// Ends a live handle, leaving `note` for the next holder.
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         let result = self.holder.unlock(now, handle, note);
         if result.is_ok() {
@@ -280,51 +363,60 @@ impl Core {
         } else {
             self.forget_if_lost(handle, &result);
         }
-        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
-            self.settle(now);
+        self.settle_if_due(now);
+        result
+    }
+
+    /// The live client handle with serial number `serial`, for a connection of `owner`'s
+    /// identity: the handle then belongs to `owner`'s connection (a client that reconnected).
+    pub fn claim(&mut self, serial: u64, owner: ClientOwner) -> Result<HandleId, ClaimError> {
+        let (handle, current) = self.owners.get_mut(&serial).ok_or(ClaimError::NotHeld(serial))?;
+        if current.identity != owner.identity {
+            return Err(ClaimError::Forbidden(serial));
         }
-        result
+        current.conn = owner.conn;
+        Ok(*handle)
     }
 
-    /// Ends a handle whose owner went away without unlocking: the next holder of the key is told
-    /// `recovered`, since the owner may have been interrupted halfway.
-    pub fn abandon(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
-        self.disown(handle);
-        let result = self.holder.abandon(now, handle);
-        self.settle(now);
-        result
+    /// Whether the home recalled the key of a live handle (its owner should unlock).
+    pub fn recalled(&self, now: Instant, handle: HandleId) -> bool {
+        self.holder
+            .key_of(handle)
+            .and_then(|key| self.holder.delegation(now, key))
+            .is_some_and(|d| d.recalling)
     }
 
-    /// Asks `key`'s home whether `token` is the newest admission it knows of; the answer goes to
-    /// `reply`. Refused with `NoHome` when no epoch names a home.
+    /// Asks `key`'s home whether `token` is the newest admission it knows of; the answer comes
+    /// as [`Output::CheckDone`] with the returned id, `None` if the home does not answer within
+    /// `timeout`. Refused with `NoHome` when no epoch names a home, `QueueFull` past
+    /// [`MAX_PENDING_CHECKS`].
     pub fn check(
         &mut self,
         now: Instant,
         key: Vec<u8>,
         token: FencingToken,
-        reply: oneshot::Sender<bool>,
-    ) -> Result<(), LockError> {
+        timeout: Duration,
+    ) -> Result<u64, LockError> {
         let home = self.epoch.home_of(&key).ok_or(LockError::NoHome)?;
-        // Checks whose askers gave up (timed out) are forgotten here, the one place they pile up.
-        self.checks.retain(|_, r| !r.is_closed());
+        if self.checks.len() >= MAX_PENDING_CHECKS {
+            return Err(LockError::QueueFull);
+        }
         self.next_check += 1;
         let id = self.next_check;
-        self.checks.insert(id, reply);
+        self.checks.insert(id);
+        self.check_deadlines.push(Reverse((now + timeout, id)));
         let message = DMessage { epoch: self.epoch.current().number, body: DBody::Check { key, id, token } };
         self.route(home, message);
         self.settle(now);
-        Ok(())
+        Ok(id)
     }
 
-    /// Starts an operator change; its outcome goes to `reply`.
-    pub fn propose(
-        &mut self,
-        now: Instant,
-        change: Change,
-        reply: oneshot::Sender<Result<u64, ProposeError>>,
-    ) -> Result<(), ProposeError> {
+    // ---- operator calls ----
+
+    /// Starts an operator change; its outcome comes as [`Output::ProposalDone`].
+    pub fn propose(&mut self, now: Instant, change: Change) -> Result<(), ProposeError> {
         self.epoch.propose(now, change)?;
-        self.proposal = Some(reply);
+        self.proposing = true;
         self.settle(now);
         Ok(())
     }
@@ -333,86 +425,92 @@ impl Core {
     pub fn recover_unsafe(
         &mut self,
         now: Instant,
-        members: Vec<keyhome_epoch::Member>,
+        members: Vec<Member>,
         skip: u64,
     ) -> Result<u64, ProposeError> {
         let number = self.epoch.recover_unsafe(now, members, skip)?;
-        if let Some(reply) = self.proposal.take() {
-            let _ = reply.send(Err(ProposeError::Overtaken(0)));
+        if std::mem::take(&mut self.proposing) {
+            self.out.push_back(Output::ProposalDone { result: Err(ProposeError::Overtaken(0)) });
         }
         self.settle(now);
         Ok(number)
     }
 
-    // ---- outputs ----
-
-    pub fn take_outbox(&mut self) -> Vec<(NodeId, PeerFrame)> {
-        std::mem::take(&mut self.outbox)
-    }
-
-    pub fn take_persist(&mut self) -> Vec<PersistJob> {
-        std::mem::take(&mut self.persist)
-    }
-
-    pub fn take_lost(&mut self) -> Vec<Lost> {
-        std::mem::take(&mut self.lost)
-    }
-
-    /// Whether the epoch changed since the last call.
-    pub fn take_epoch_changed(&mut self) -> bool {
-        std::mem::take(&mut self.epoch_changed)
-    }
-
-    /// Handles of `owner` (for a client connection that went away).
-    pub fn handles_of(&self, owner: Owner) -> Vec<HandleId> {
-        self.owners.values().filter(|(_, o)| *o == owner).map(|(h, _)| *h).collect()
-    }
-
-    /// The live handle with serial number `serial`, and its owner.
-    pub fn handle(&self, serial: u64) -> Option<(HandleId, Owner)> {
-        self.owners.get(&serial).copied()
-    }
-
-    /// Moves a handle to another owner (a client that reconnected).
-    pub fn set_owner(&mut self, handle: HandleId, owner: Owner) {
-        if let Some((_, o)) = self.owners.get_mut(&handle.serial()) {
-            *o = owner;
-        }
-    }
-
-    /// Ends every handle and gives back every delegation this node holds, for a clean shutdown.
-    pub fn release_all(&mut self, now: Instant) {
-        for (handle, _) in std::mem::take(&mut self.owners).into_values() {
-            let _ = self.holder.unlock(now, handle, None);
-        }
-        self.holder.release_all(now);
+    /// Stops admitting, for a clean shutdown (see [`Holder::shutdown`]): idle delegations are
+    /// given back at once; a key under a live handle passes on only when the handle is unlocked
+    /// or passes its deadline, and its successor is told `recovered` unless it was unlocked.
+    pub fn shutdown(&mut self, now: Instant) {
+        self.holder.shutdown(now);
         self.settle(now);
     }
 
-    /// The durable writes of the run's start (the incarnation), to commit before anything else.
-    pub fn start_writes(&mut self) -> Vec<PersistJob> {
-        while let Some(ready) = self.epoch.ready() {
-            self.take_ready(ready);
-        }
-        std::mem::take(&mut self.persist)
+    /// Whether any handle is live on this node (a shutdown waits until none is).
+    pub fn has_handles(&self) -> bool {
+        self.holder.has_handles()
     }
 
-    /// Current epoch members' ids.
-    pub fn peer_ids(&self) -> Vec<NodeId> {
-        self.epoch.current().member_ids().collect()
+    // ---- outputs and views ----
+
+    /// The next thing to do, in the order the core produced it.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    pub fn epoch(&self) -> &EpochNode {
+        &self.epoch
+    }
+
+    pub fn home(&self) -> &Home {
+        &self.home
+    }
+
+    pub fn holder(&self) -> &Holder {
+        &self.holder
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The current epoch's record.
+    pub fn current(&self) -> &EpochRecord {
+        self.epoch.current()
+    }
+
+    /// Whether `peer` is named by an epoch this node learned.
+    pub fn is_known(&self, peer: NodeId) -> bool {
+        self.known.contains(&peer)
+    }
+
+    /// The address of `peer` in the current epoch.
+    pub fn addr_of(&self, peer: NodeId) -> Option<&str> {
+        self.current().members.iter().find(|m| m.id == peer).map(|m| m.addr.as_str())
+    }
+
+    /// Where to reach `peer`: its address in the current epoch, else the last one an earlier
+    /// epoch gave it (a removed node still hears of the epoch that removed it).
+    pub fn link_addr(&self, peer: NodeId) -> Option<&str> {
+        self.addr_of(peer).or_else(|| self.addrs.get(&peer).map(String::as_str))
+    }
+
+    /// The live handles of client connection `conn`.
+    pub fn handles_of(&self, conn: u64) -> impl Iterator<Item = HandleId> + '_ {
+        self.owners.values().filter(move |(_, o)| o.conn == conn).map(|(h, _)| *h)
     }
 
     /// This node's status at `now` (members not yet marked connected; the runtime does that).
-    pub fn status(&self, now: Instant) -> crate::status::Status {
-        let current = self.epoch.current();
-        crate::status::Status {
+    pub fn status(&self, now: Instant) -> Status {
+        let current = self.current();
+        Status {
             id: self.id.0,
             incarnation: self.epoch.incarnation(),
             epoch: current.number,
-            members: current
-                .members
-                .iter()
-                .map(|m| crate::status::MemberStatus { id: m.id.0, addr: m.addr.clone(), connected: false })
+            members: (current.members.iter())
+                .map(|m| MemberStatus { id: m.id.0, addr: m.addr.clone(), connected: m.id == self.id })
                 .collect(),
             home_lease_left: self.epoch.lease_until(now).map(|until| until.saturating_duration_since(now)),
             quarantine_left: self.home.quarantine_end(&current.timing).saturating_duration_since(now),
@@ -426,8 +524,8 @@ impl Core {
     // ---- internals ----
 
     fn admitted(&mut self, handle: &Handle, owner: Owner, immediate: bool) {
-        if let Owner::Client(_) = owner {
-            self.owners.insert(handle.id.serial(), (handle.id, owner));
+        if let Owner::Client(c) = owner {
+            self.owners.insert(handle.id.serial(), (handle.id, c));
         }
         self.counters.locks += 1;
         if immediate {
@@ -435,14 +533,26 @@ impl Core {
         }
     }
 
+    /// A pending lock of `owner` was decided or withdrawn.
+    fn unqueue(&mut self, owner: Owner) {
+        if let Owner::Client(c) = owner
+            && let Some(n) = self.pending_per_conn.get_mut(&c.conn)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.pending_per_conn.remove(&c.conn);
+            }
+        }
+    }
+
     /// Forgets a client handle's owner (a no-op for embedded handles, without hashing when no
     /// client holds anything).
-    fn disown(&mut self, handle: HandleId) -> Option<(HandleId, Owner)> {
-        if self.owners.is_empty() { None } else { self.owners.remove(&handle.serial()) }
+    fn disown(&mut self, handle: HandleId) -> Option<ClientOwner> {
+        if self.owners.is_empty() { None } else { self.owners.remove(&handle.serial()).map(|(_, o)| o) }
     }
 
     fn forget_if_lost<T>(&mut self, handle: HandleId, result: &Result<T, LockError>) {
-        if matches!(result, Err(LockError::Revoked | LockError::Expired | LockError::UnknownHandle)) {
+        if matches!(result, Err(LockError::Expired | LockError::UnknownHandle)) {
             self.disown(handle);
         }
     }
@@ -459,8 +569,8 @@ impl Core {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
             DBody::CheckReply { id, current, .. } => {
-                if let Some(reply) = self.checks.remove(&id) {
-                    let _ = reply.send(current);
+                if self.checks.remove(&id) {
+                    self.out.push_back(Output::CheckDone { id, current: Some(current) });
                 }
             }
         }
@@ -471,23 +581,33 @@ impl Core {
             self.counters.local_delivered += 1;
             self.local.push_back(message);
         } else {
-            self.send(to, PeerFrame::Delegation(message));
+            self.send(to, PeerMessage::Delegation(message));
         }
     }
 
-    fn send(&mut self, to: NodeId, frame: PeerFrame) {
+    fn send(&mut self, to: NodeId, message: PeerMessage) {
         if !self.failed {
             self.counters.peer_sent += 1;
-            if matches!(frame, PeerFrame::Delegation(_)) {
+            if matches!(message, PeerMessage::Delegation(_)) {
                 self.counters.delegation_sent += 1;
             }
-            self.outbox.push((to, frame));
+            self.out.push_back(Output::Transmit { to, message });
         }
     }
 
-    /// Runs every due timer and drains every output, until nothing is left to do.
-    pub fn settle(&mut self, now: Instant) {
-        for _ in 0..MAX_SETTLE_ROUNDS {
+    /// [`Core::settle`] only when something is due: the hot path (a re-lock, an unlock) leaves
+    /// nothing behind in the common case.
+    fn settle_if_due(&mut self, now: Instant) {
+        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
+            self.settle(now);
+        } else {
+            self.drain(now);
+        }
+    }
+
+    /// Runs every due timer and drains every output and local message, until nothing is due.
+    fn settle(&mut self, now: Instant) {
+        for _ in 0..MAX_TIMER_ROUNDS {
             if self.epoch.poll_timeout().is_some_and(|t| t <= now) {
                 self.epoch.handle_timeout(now);
             }
@@ -497,6 +617,25 @@ impl Core {
             if self.holder.poll_timeout().is_some_and(|t| t <= now) {
                 self.holder.handle_timeout(now, &self.epoch);
             }
+            while let Some(&Reverse((at, id))) = self.check_deadlines.peek()
+                && at <= now
+            {
+                self.check_deadlines.pop();
+                if self.checks.remove(&id) {
+                    self.out.push_back(Output::CheckDone { id, current: None });
+                }
+            }
+            self.drain(now);
+            if self.poll_timeout().is_none_or(|t| t > now) {
+                return;
+            }
+        }
+        tracing::error!("settle did not converge; a protocol core keeps a timer at or before now");
+    }
+
+    /// Takes everything the cores produced, delivering local messages, until nothing is left.
+    fn drain(&mut self, now: Instant) {
+        loop {
             while let Some(ready) = self.epoch.ready() {
                 self.take_ready(ready);
             }
@@ -512,47 +651,48 @@ impl Core {
             while let Some(event) = self.holder.poll_event() {
                 self.on_holder_event(event);
             }
-            for (handle, note) in std::mem::take(&mut self.abandoned) {
-                let _ = self.holder.unlock(now, handle, note);
-            }
             match self.local.pop_front() {
-                Some(message) => self.deliver(now, self.id, message),
-                None if self.poll_timeout().is_none_or(|t| t > now) => return,
-                None => {}
+                Some(message) => {
+                    if self.observe_local {
+                        self.out.push_back(Output::Observed { message: message.clone() });
+                    }
+                    self.deliver(now, self.id, message)
+                }
+                None => return,
             }
         }
-        tracing::error!("settle did not converge; a protocol core keeps a timer at or before now");
     }
 
     fn take_ready(&mut self, ready: Ready) {
         let gated = ready.needs_advance();
         for t in ready.messages {
-            self.send(t.to, PeerFrame::Epoch(t.message));
+            self.send(t.to, PeerMessage::Epoch(t.message));
         }
         if gated && !self.failed {
-            let messages =
-                ready.persisted_messages.into_iter().map(|t| (t.to, PeerFrame::Epoch(t.message))).collect();
-            self.persist.push(PersistJob { number: ready.number, writes: ready.writes, messages });
+            let messages = ready.persisted_messages.into_iter().map(|t| (t.to, t.message)).collect();
+            self.gated.push_back((ready.number, messages));
+            self.out.push_back(Output::Persist { number: ready.number, writes: ready.writes });
         }
     }
 
     fn on_epoch_event(&mut self, now: Instant, event: EpochEvent) {
         match event {
             EpochEvent::Learned { epoch } => {
-                tracing::info!(epoch, members = self.epoch.current().members.len(), "learned epoch");
+                tracing::info!(epoch, members = self.current().members.len(), "learned epoch");
                 self.known.extend(self.epoch.current().member_ids());
                 self.addrs.extend(self.epoch.current().members.iter().map(|m| (m.id, m.addr.clone())));
+                self.out.push_back(Output::EpochLearned { epoch });
                 self.home.on_epoch_change(now, &self.epoch);
-                self.epoch_changed = true;
+                self.holder.on_epoch_change(now, &self.epoch);
             }
             EpochEvent::ProposalApplied { epoch } => {
-                if let Some(reply) = self.proposal.take() {
-                    let _ = reply.send(Ok(epoch));
+                if std::mem::take(&mut self.proposing) {
+                    self.out.push_back(Output::ProposalDone { result: Ok(epoch) });
                 }
             }
             EpochEvent::ProposalFailed { error } => {
-                if let Some(reply) = self.proposal.take() {
-                    let _ = reply.send(Err(error));
+                if std::mem::take(&mut self.proposing) {
+                    self.out.push_back(Output::ProposalDone { result: Err(error) });
                 }
             }
         }
@@ -561,21 +701,25 @@ impl Core {
     fn on_holder_event(&mut self, event: HolderEvent) {
         match event {
             HolderEvent::Locked { ticket, handle } => {
-                let Some((reply, owner)) = self.waiters.remove(&ticket) else { return };
+                let Some(owner) = self.waiters.remove(&ticket) else { return };
+                self.unqueue(owner);
                 self.admitted(&handle, owner, false);
-                if let Err(Ok(handle)) = reply.send(Ok(handle)) {
-                    self.disown(handle.id);
-                    self.abandoned.push((handle.id, handle.note));
-                }
+                self.out.push_back(Output::LockDone { ticket, result: Ok(handle) });
             }
             HolderEvent::LockFailed { ticket, error } => {
-                if let Some((reply, _)) = self.waiters.remove(&ticket) {
-                    let _ = reply.send(Err(error));
+                let Some(owner) = self.waiters.remove(&ticket) else { return };
+                self.unqueue(owner);
+                self.out.push_back(Output::LockDone { ticket, result: Err(error) });
+            }
+            HolderEvent::Recalled { handle, key, deadline } => {
+                if let Some(&(_, owner)) = self.owners.get(&handle.serial()) {
+                    let notice = Notice::Recalled { deadline };
+                    self.out.push_back(Output::Notice { owner, handle, key, notice });
                 }
             }
-            HolderEvent::Revoked { handle, key, reason } => {
-                if let Some((_, Owner::Client(owner))) = self.disown(handle) {
-                    self.lost.push(Lost { owner, handle, key, reason });
+            HolderEvent::Expired { handle, key } => {
+                if let Some(owner) = self.disown(handle) {
+                    self.out.push_back(Output::Notice { owner, handle, key, notice: Notice::Expired });
                 }
             }
         }

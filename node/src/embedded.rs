@@ -27,19 +27,13 @@ impl Node {
     /// nobody holds the key locally); otherwise fails with [`LockError::WouldBlock`] and asks the
     /// key's home for the delegation in the background.
     pub fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<LockGuard, LockError> {
-        let handle = self.shared.with_core(|core, now| core.try_lock(now, key, ttl, Owner::Embedded))?;
+        let handle = self.shared.with_core(|d, now| d.core.try_lock(now, key, ttl, Owner::Embedded))?;
         Ok(LockGuard::new(&self.shared, handle))
     }
 
     /// Locks `key` for `ttl`, waiting at most `wait` for it.
     pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<LockGuard, LockError> {
-        let (tx, rx) = oneshot::channel();
-        let outcome =
-            self.shared.with_core(|core, now| core.lock(now, key, ttl, wait, Owner::Embedded, || tx))?;
-        let handle = match outcome {
-            Ok(handle) => handle,
-            Err(ticket) => crate::runtime::await_lock(&self.shared, ticket, rx).await?,
-        };
+        let handle = crate::runtime::lock_key(&self.shared, key, ttl, wait, Owner::Embedded).await?;
         Ok(LockGuard::new(&self.shared, handle))
     }
 
@@ -51,9 +45,13 @@ impl Node {
         timeout: Duration,
     ) -> Result<bool, CheckError> {
         let (tx, rx) = oneshot::channel();
-        self.shared.with_core(|core, now| core.check(now, key.to_vec(), token, tx))?;
-        match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(current)) => Ok(current),
+        self.shared.with_core(|d, now| {
+            let id = d.core.check(now, key.to_vec(), token, timeout)?;
+            d.checks.insert(id, tx);
+            Ok::<_, LockError>(())
+        })?;
+        match rx.await {
+            Ok(Some(current)) => Ok(current),
             _ => Err(CheckError::Timeout(timeout)),
         }
     }
@@ -61,7 +59,11 @@ impl Node {
     /// Proposes a membership change through this node; resolves with the epoch that includes it.
     pub async fn propose(&self, change: Change) -> Result<u64, ProposeError> {
         let (tx, rx) = oneshot::channel();
-        self.shared.with_core(|core, now| core.propose(now, change, tx))?;
+        self.shared.with_core(|d, now| {
+            d.core.propose(now, change)?;
+            d.proposal = Some(tx);
+            Ok::<_, ProposeError>(())
+        })?;
         rx.await.unwrap_or(Err(ProposeError::Removed))
     }
 
@@ -72,7 +74,7 @@ impl Node {
 
     /// The current epoch.
     pub fn epoch(&self) -> keyhome_epoch::EpochRecord {
-        self.shared.with_core(|core, _| core.epoch.current().clone())
+        self.shared.with_core(|d, _| d.core.current().clone())
     }
 }
 
@@ -116,15 +118,23 @@ impl LockGuard {
         self.recovered
     }
 
-    /// Time left before the lock must be renewed (zero once it has passed).
+    /// Time left before the lock must be renewed (zero once it has passed). Nothing takes the
+    /// lock away before then; past it, the lock may be someone else's.
     pub fn valid_for(&self) -> Duration {
         self.shared.clock.until(self.deadline)
+    }
+
+    /// Whether another node wants the key: the lock stays valid for [`LockGuard::valid_for`],
+    /// renewals no longer extend it, and the holder should unlock as soon as it can.
+    pub fn recalled(&self) -> bool {
+        let handle = self.handle;
+        self.shared.with_core(|d, now| d.core.recalled(now, handle))
     }
 
     /// Extends the lock to `ttl` from now (bounded by its delegation); returns the time left.
     pub fn renew(&mut self, ttl: Duration) -> Result<Duration, LockError> {
         let handle = self.handle;
-        let deadline = self.shared.with_core(|core, now| core.renew(now, handle, ttl))?;
+        let deadline = self.shared.with_core(|d, now| d.core.renew(now, handle, ttl))?;
         self.deadline = deadline;
         Ok(self.valid_for())
     }
@@ -133,7 +143,7 @@ impl LockGuard {
     pub fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), LockError> {
         self.done = true;
         let handle = self.handle;
-        self.shared.with_core(|core, now| core.unlock(now, handle, note))
+        self.shared.with_core(|d, now| d.core.unlock(now, handle, note))
     }
 }
 
@@ -141,7 +151,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         if !self.done {
             let handle = self.handle;
-            let _ = self.shared.with_core(|core, now| core.unlock(now, handle, None));
+            let _ = self.shared.with_core(|d, now| d.core.unlock(now, handle, None));
         }
     }
 }

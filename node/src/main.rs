@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use keyhome::client::Client;
 use keyhome::config::{ClientProfile, LockSettings, NodeConfig};
 use keyhome::pki::Role;
-use keyhome::wire::{ClientEvent, ErrorKind};
+use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
 use keyhome::{Node, setup};
 use keyhome_delegation::FencingToken;
 use keyhome_epoch::{Change, Member, NodeId, Timing};
@@ -472,8 +472,8 @@ async fn lock(args: LockArgs) -> Result<ExitCode> {
                 }
             }
             event = events.next() => match event {
-                Some(ClientEvent::Lost { handle: h, reason, .. }) if h == handle => {
-                    break format!("the lock was taken away ({reason:?})");
+                Some(ClientEvent { handle: h, kind: EventKind::Expired, .. }) if h == handle => {
+                    break "the lock expired".to_string();
                 }
                 Some(_) => {}
                 None => break "the connection to the node was lost".to_string(),

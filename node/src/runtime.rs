@@ -5,9 +5,16 @@
 //!
 //! The core lives behind one mutex. Every input (a peer frame, a client request, an embedded
 //! call, a timer, a finished write) takes the lock, calls into the core with a fresh reading of
-//! the [`BootClock`], and, before releasing it, hands what the core produced to the links (frames,
-//! by `try_send` into each peer's bounded queue) and to the persistence thread (epoch writes, in
-//! the order the core produced them). Nothing under the lock waits for I/O.
+//! the [`BootClock`], and, before releasing it, carries out every [`Output`] the core produced:
+//! frames go to the links (by `try_send` into each peer's bounded queue), writes to the
+//! persistence thread (in the order the core produced them), outcomes to the callers waiting for
+//! them. Nothing under the lock waits for I/O. This is the only glue the simulation does not run:
+//! it replaces exactly these sockets, disks and clocks.
+//!
+//! # Fail-stop
+//!
+//! A panic anywhere stops the process (the binary installs an aborting panic hook, and release
+//! builds abort on panic): a mutex is never taken over after a panic and run on.
 //!
 //! # Durability
 //!
@@ -31,13 +38,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use keyhome_delegation::{Handle, HolderConfig, HomeConfig, LockError, Ticket};
-use keyhome_epoch::{EpochNode, Instant, NodeId, Storage};
+use keyhome_epoch::{EpochNode, Instant, NodeId, ProposeError, Storage, Write};
 use keyhome_ring::ROUTING_VERSION;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::clock::{BootClock, MAX_SLEEP};
 use crate::config::{ConfigError, GenesisFile, NodeConfig};
-use crate::core::{Core, PersistJob};
+use crate::core::{Core, Output};
 use crate::pki::{self, Identity, Role};
 use crate::store::{RedbStore, StoreError};
 use crate::wire::{self, CloseCode, MAX_PEER_FRAME, PeerFrame};
@@ -69,11 +76,31 @@ pub enum NodeError {
     WriteFailed(String),
 }
 
+/// Where the outcome of a pending lock goes.
+pub(crate) type LockReply = oneshot::Sender<Result<Handle, LockError>>;
+
+/// A persistence job: make `writes` durable, then tell the core `number` is.
+struct PersistJob {
+    number: u64,
+    writes: Vec<Write>,
+}
+
+/// The core and the callers waiting for its outcomes, behind one mutex.
+pub(crate) struct Driven {
+    pub core: Core,
+    /// Pending locks' callers, by ticket.
+    pub replies: HashMap<Ticket, LockReply>,
+    /// Pending token checks' callers, by check id.
+    pub checks: HashMap<u64, oneshot::Sender<Option<bool>>>,
+    /// The caller of the operator change in progress.
+    pub proposal: Option<oneshot::Sender<Result<u64, ProposeError>>>,
+}
+
 /// Everything the runtime's tasks share.
 pub(crate) struct Shared {
     pub id: NodeId,
     pub clock: BootClock,
-    core: Mutex<Core>,
+    core: Mutex<Driven>,
     /// Wakes the timer task when an input made the next deadline earlier than it planned for.
     timer: Notify,
     /// The instant (nanos) the timer task will wake at; `u64::MAX` while it computes.
@@ -140,13 +167,19 @@ impl Node {
         home.lock_delay = Duration::from_millis(settings.lock_delay_ms);
         let mut holder = HolderConfig::new(id);
         holder.lease = Duration::from_millis(settings.delegation_lease_ms);
-        holder.grace = Duration::from_millis(settings.recall_grace_ms);
         holder.idle_release = Duration::from_millis(settings.idle_release_ms);
         let mut core = Core::new(epoch, home, holder, now);
-        // The incarnation (and anything else the start wrote) is durable before the port opens.
-        for job in core.start_writes() {
-            store.commit(&job.writes)?;
-            core.persisted(clock.now(), job);
+        // The incarnation (and anything else the start wrote) is durable before the port opens;
+        // what else the start produced is carried out by the first `with_core` below.
+        let mut early = Vec::new();
+        while let Some(output) = core.poll_output() {
+            match output {
+                Output::Persist { number, writes } => {
+                    store.commit(&writes)?;
+                    core.persisted(clock.now(), number);
+                }
+                other => early.push(other),
+            }
         }
 
         let server = pki::server_config(&identity, &ca)?;
@@ -165,7 +198,12 @@ impl Node {
         let shared = Arc::new(Shared {
             id,
             clock,
-            core: Mutex::new(core),
+            core: Mutex::new(Driven {
+                core,
+                replies: HashMap::new(),
+                checks: HashMap::new(),
+                proposal: None,
+            }),
             timer: Notify::new(),
             planned: AtomicU64::new(u64::MAX),
             links: Mutex::new(HashMap::new()),
@@ -176,7 +214,7 @@ impl Node {
             genesis_digest,
             shutdown,
             failure: Mutex::new(None),
-            api: crate::api::Sessions::new(config.locks.session_grace()),
+            api: crate::api::Sessions::new(),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -197,7 +235,12 @@ impl Node {
         if let Some(endpoint) = shared.client_endpoint.clone() {
             tokio::spawn(accept_loop(Arc::clone(&shared), endpoint, Serves { peers: false, clients: true }));
         }
-        shared.with_core(|core, now| core.handle_timeout(now));
+        shared.with_core(|d, now| {
+            for output in early {
+                shared.carry_out(d, now, output);
+            }
+            d.core.handle_timeout(now)
+        });
         tracing::info!(node = %id, addr = %shared.config.listen, "node started");
         Ok(Node { shared, persist_thread: Some(persist_thread) })
     }
@@ -228,14 +271,18 @@ impl Node {
         lock(&self.shared.failure).clone()
     }
 
-    /// Stops the node: releases every delegation this node holds (so their keys pass on at once),
-    /// waits up to `drain` for the releases to leave, then closes every connection.
+    /// Stops the node: admits nothing more and gives back every delegation this node holds, so
+    /// their keys pass on. A key under a live handle passes on only once the handle is unlocked
+    /// or passes the deadline its owner was told; the node waits up to `drain` for that and for
+    /// the releases to leave, then closes every connection (keys still held then pass on when
+    /// their delegations expire at their homes).
     pub async fn shutdown(mut self, drain: Duration) {
         let shared = Arc::clone(&self.shared);
-        shared.with_core(|core, now| core.release_all(now));
-        // The releases are queued on the links; let them leave.
+        shared.with_core(|d, now| d.core.shutdown(now));
         let deadline = tokio::time::Instant::now() + drain;
-        while tokio::time::Instant::now() < deadline && !shared.links_idle() {
+        while tokio::time::Instant::now() < deadline
+            && (shared.with_core(|d, _| d.core.has_handles()) || !shared.links_idle())
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         tokio::time::sleep(Duration::from_millis(20).min(drain)).await;
@@ -264,51 +311,86 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
     Ok(RedbStore::create(&path, &genesis, config.node_id())?)
 }
 
-/// Locks a mutex, taking over a poisoned one: every critical section leaves the data consistent
-/// (the cores never panic on input), so a panic elsewhere must not stop the node from serving.
+/// Locks a mutex. A poisoned one means a thread panicked while holding it: the node is
+/// fail-stop, so it stops rather than run on with state a panic may have left half-changed.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    match m.lock() {
+        Ok(guard) => guard,
+        Err(_) => {
+            eprintln!("keyhome: a thread panicked while holding node state; stopping (fail-stop)");
+            std::process::abort()
+        }
+    }
 }
 
 impl Shared {
-    /// Runs `f` on the core at the current instant, then hands what it produced to the links, the
-    /// persistence thread and the client sessions.
-    pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Core, Instant) -> R) -> R {
-        let mut core = lock(&self.core);
+    /// Runs `f` on the core at the current instant, then carries out everything the core
+    /// produced (see the module docs). Notices for clients are handed to the sessions after the
+    /// lock is released.
+    pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Driven, Instant) -> R) -> R {
+        let mut driven = lock(&self.core);
+        let d = &mut *driven;
         let now = self.clock.now();
-        let result = f(&mut core, now);
-        for job in core.take_persist() {
-            if self.persist.send(job).is_err() {
-                core.fail();
+        let result = f(d, now);
+        let mut notices = Vec::new();
+        while let Some(output) = d.core.poll_output() {
+            match output {
+                Output::Notice { owner, handle, key, notice } => notices.push((owner, handle, key, notice)),
+                other => self.carry_out(d, now, other),
             }
         }
-        let out = core.take_outbox();
-        if !out.is_empty() {
-            self.transmit(&mut core, out);
-        }
-        if core.take_epoch_changed() {
-            self.retire_links(&core);
-        }
-        let lost = core.take_lost();
-        if let Some(next) = core.poll_timeout()
+        if let Some(next) = d.core.poll_timeout()
             && next.as_nanos() < self.planned.load(Ordering::Acquire)
         {
             self.timer.notify_one();
         }
-        drop(core);
-        if !lost.is_empty() {
-            self.api.report_lost(lost);
+        drop(driven);
+        if !notices.is_empty() {
+            self.api.report(&self.clock, notices);
         }
         result
     }
 
-    /// Queues frames on their peers' links, starting links as needed.
-    fn transmit(self: &Arc<Self>, core: &mut Core, out: Vec<(NodeId, PeerFrame)>) {
-        let mut links = lock(&self.links);
-        for (to, frame) in out {
-            let link = links.entry(to).or_insert_with(|| self.spawn_link(to));
-            if link.tx.try_send(frame).is_err() {
-                core.counters.peer_dropped += 1;
+    /// Carries out one output of the core (under the core's lock).
+    fn carry_out(self: &Arc<Self>, d: &mut Driven, now: Instant, output: Output) {
+        match output {
+            Output::Transmit { to, message } => {
+                let mut links = lock(&self.links);
+                let link = links.entry(to).or_insert_with(|| self.spawn_link(to));
+                if link.tx.try_send(message.into()).is_err() {
+                    d.core.count_dropped(1);
+                }
+            }
+            Output::Persist { number, writes } => {
+                if self.persist.send(PersistJob { number, writes }).is_err() {
+                    d.core.fail();
+                }
+            }
+            Output::LockDone { ticket, result } => {
+                let unclaimed = match d.replies.remove(&ticket) {
+                    Some(reply) => reply.send(result).err(),
+                    None => Some(result),
+                };
+                // The caller gave up meanwhile: nothing was done under the handle, so it is
+                // unlocked at once and passes its note on.
+                if let Some(Ok(handle)) = unclaimed {
+                    let _ = d.core.unlock(now, handle.id, handle.note);
+                }
+            }
+            Output::CheckDone { id, current } => {
+                if let Some(reply) = d.checks.remove(&id) {
+                    let _ = reply.send(current);
+                }
+            }
+            Output::ProposalDone { result } => {
+                if let Some(reply) = d.proposal.take() {
+                    let _ = reply.send(result);
+                }
+            }
+            Output::EpochLearned { .. } => self.retire_links(&d.core),
+            Output::Observed { .. } => {}
+            Output::Notice { owner, handle, key, notice } => {
+                self.api.report(&self.clock, [(owner, handle, key, notice)]);
             }
         }
     }
@@ -346,27 +428,40 @@ impl Shared {
 
     /// The node's status, for `keyhome status`.
     pub fn status(self: &Arc<Self>) -> crate::status::Status {
-        let (mut status, peers) = self.with_core(|core, now| (core.status(now), core.peer_ids()));
+        let mut status = self.with_core(|d, now| d.core.status(now));
         for m in &mut status.members {
-            m.connected =
-                m.id == self.id.0 || (peers.contains(&NodeId(m.id)) && self.connected(NodeId(m.id)));
+            m.connected |= self.connected(NodeId(m.id));
         }
         status
     }
 
     fn hello(&self) -> PeerFrame {
-        let epoch = lock(&self.core).epoch.current().number;
+        let epoch = lock(&self.core).core.current().number;
         PeerFrame::Hello { genesis_digest: self.genesis_digest, ring_version: ROUTING_VERSION, epoch }
     }
 }
 
-/// Waits for a pending lock. If the caller stops waiting (the future is dropped), the lock is
-/// cancelled, or given back at once if it was admitted in the meantime.
-pub(crate) async fn await_lock(
+/// Locks `key` for `owner`; waits for a pending lock. If the caller stops waiting (the future
+/// is dropped), the lock is cancelled, or given back at once if it was admitted meanwhile.
+pub(crate) async fn lock_key(
     shared: &Arc<Shared>,
-    ticket: Ticket,
-    reply: oneshot::Receiver<Result<Handle, LockError>>,
+    key: &[u8],
+    ttl: Duration,
+    wait: Duration,
+    owner: crate::core::Owner,
 ) -> Result<Handle, LockError> {
+    let (tx, rx) = oneshot::channel();
+    let outcome = shared.with_core(|d, now| {
+        let outcome = d.core.lock(now, key, ttl, wait, owner)?;
+        if let keyhome_delegation::LockOutcome::Pending(ticket) = outcome {
+            d.replies.insert(ticket, tx);
+        }
+        Ok::<_, LockError>(outcome)
+    })?;
+    let ticket = match outcome {
+        keyhome_delegation::LockOutcome::Locked(handle) => return Ok(handle),
+        keyhome_delegation::LockOutcome::Pending(ticket) => ticket,
+    };
     struct Pending<'a> {
         shared: &'a Arc<Shared>,
         ticket: Ticket,
@@ -377,24 +472,27 @@ pub(crate) async fn await_lock(
             let Some(mut reply) = self.reply.take() else { return };
             reply.close();
             let admitted = reply.try_recv();
-            self.shared.with_core(|core, now| match admitted {
-                Ok(Ok(handle)) => {
-                    let _ = core.unlock(now, handle.id, handle.note);
-                }
-                _ => {
-                    core.cancel(now, self.ticket);
+            self.shared.with_core(|d, now| {
+                d.replies.remove(&self.ticket);
+                match admitted {
+                    Ok(Ok(handle)) => {
+                        let _ = d.core.unlock(now, handle.id, handle.note);
+                    }
+                    _ => {
+                        d.core.cancel(now, self.ticket);
+                    }
                 }
             });
         }
     }
-    let mut pending = Pending { shared, ticket, reply: Some(reply) };
+    let mut pending = Pending { shared, ticket, reply: Some(rx) };
     let result = match pending.reply.as_mut() {
         Some(reply) => reply.await,
         None => return Err(LockError::Timeout),
     };
     pending.reply = None;
     // The sender is only dropped when the node stops.
-    result.unwrap_or(Err(LockError::Timeout))
+    result.unwrap_or(Err(LockError::Closed))
 }
 
 /// Resolves once the node is stopping.
@@ -416,9 +514,9 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         };
         match store.commit(&job.writes) {
-            Ok(()) => shared.with_core(|core, now| core.persisted(now, job)),
+            Ok(()) => shared.with_core(|d, now| d.core.persisted(now, job.number)),
             Err(e) => {
-                shared.with_core(|core, _| core.fail());
+                shared.with_core(|d, _| d.core.fail());
                 shared.stop(Some(format!("a durable write failed, so the node stopped: {e}")));
                 return;
             }
@@ -429,7 +527,7 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
 async fn timer_loop(shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     loop {
-        let next = lock(&shared.core).poll_timeout();
+        let next = lock(&shared.core).core.poll_timeout();
         let now = shared.clock.now();
         // Exactly the core's deadline when it is the earlier one, so that an input that leaves
         // that deadline as it is does not wake this task.
@@ -445,9 +543,9 @@ async fn timer_loop(shared: Arc<Shared>) {
         // permit on every round, so the task never slept); an input that runs meanwhile is seen by
         // the `poll_timeout` at the top of the loop, which reads it after `planned` is `u64::MAX`.
         shared.planned.store(0, Ordering::Release);
-        shared.with_core(|core, now| {
-            if core.poll_timeout().is_some_and(|t| t <= now) {
-                core.handle_timeout(now);
+        shared.with_core(|d, now| {
+            if d.core.poll_timeout().is_some_and(|t| t <= now) {
+                d.core.handle_timeout(now);
             }
         });
         shared.planned.store(u64::MAX, Ordering::Release);
@@ -527,8 +625,8 @@ async fn read_peer_stream(
             // A node no epoch this node learned names may still be ahead of it (a member of a
             // later epoch, telling it about that epoch): it is heard only if it says so.
             let (known, current) = {
-                let core = lock(&shared.core);
-                (core.is_known(peer), core.epoch.current().number)
+                let d = lock(&shared.core);
+                (d.core.is_known(peer), d.core.current().number)
             };
             if !known && epoch <= current {
                 return close(
@@ -555,7 +653,10 @@ async fn read_peer_stream(
     }
     loop {
         match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
-            Ok(Some(frame)) => shared.with_core(|core, now| core.handle_frame(now, peer, frame)),
+            Ok(Some(frame)) => match frame.into_message() {
+                Some(message) => shared.with_core(|d, now| d.core.handle_message(now, peer, message)),
+                None => return close(CloseCode::BadFrame, "a second Hello on one stream".into()),
+            },
             Ok(None) => return,
             Err(wire::WireError::Read(_)) => return,
             Err(e) => return close(CloseCode::BadFrame, format!("bad frame: {e}")),
@@ -582,7 +683,7 @@ async fn run_link(
         }
         // A node removed from the current epoch is still reached at its last address: it must
         // hear of the epoch that removed it (to hand its keys over), and it asks until it does.
-        let addr = lock(&shared.core).link_addr(peer);
+        let addr = lock(&shared.core).core.link_addr(peer).map(str::to_owned);
         let Some(addr) = addr else {
             return;
         };
@@ -623,7 +724,7 @@ async fn run_link(
             dropped += 1;
         }
         if dropped > 0 {
-            shared.with_core(|core, _| core.counters.peer_dropped += dropped);
+            shared.with_core(|d, _| d.core.count_dropped(dropped));
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff.next()) => {}

@@ -4,7 +4,30 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::Counters;
+/// Cluster messages in and out of this node, for `keyhome status` and the tests that assert a
+/// cached re-lock sends nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Frames queued for other nodes.
+    pub peer_sent: u64,
+    /// Frames received from other nodes.
+    pub peer_received: u64,
+    /// Frames dropped: a peer's queue was full or its link was down, or (incoming epoch frames)
+    /// the disk was behind.
+    pub peer_dropped: u64,
+    /// Delegation messages this node sent to itself (holder to own home and back): no network.
+    pub local_delivered: u64,
+    /// Locks admitted (local and remote clients, embedded callers).
+    pub locks: u64,
+    /// Locks admitted at once, without any message.
+    pub locks_immediate: u64,
+    /// Delegation messages queued for other nodes (requests, grants, recalls, releases, checks,
+    /// handovers): unlike `peer_sent`, background epoch traffic (home-lease renewals) is not
+    /// counted, so a cached re-lock shows up as no change here.
+    pub delegation_sent: u64,
+    /// Delegation messages received from other nodes.
+    pub delegation_received: u64,
+}
 
 /// One node's status. Durations are measured from the moment the node answered.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

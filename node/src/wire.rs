@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use keyhome_delegation::FencingToken;
 use keyhome_epoch::{Change, EpochRecord, NodeId};
+
+use crate::core::PeerMessage;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -95,6 +97,26 @@ pub enum PeerFrame {
     Delegation(keyhome_delegation::Message),
 }
 
+impl From<PeerMessage> for PeerFrame {
+    fn from(message: PeerMessage) -> PeerFrame {
+        match message {
+            PeerMessage::Epoch(m) => PeerFrame::Epoch(m),
+            PeerMessage::Delegation(m) => PeerFrame::Delegation(m),
+        }
+    }
+}
+
+impl PeerFrame {
+    /// The protocol message this frame carries; `None` for a `Hello`.
+    pub fn into_message(self) -> Option<PeerMessage> {
+        match self {
+            PeerFrame::Hello { .. } => None,
+            PeerFrame::Epoch(m) => Some(PeerMessage::Epoch(m)),
+            PeerFrame::Delegation(m) => Some(PeerMessage::Delegation(m)),
+        }
+    }
+}
+
 /// Why a peer connection is closed, sent as the QUIC application close code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -152,7 +174,9 @@ pub struct Locked {
     /// Names the handle in [`Request::Renew`] and [`Request::Unlock`].
     pub handle: u64,
     pub token: FencingToken,
-    /// How long the handle is valid from the moment the node answered.
+    /// How long the handle is valid, counted from the instant the client *sent* its request: the
+    /// node answers with its remaining time, shortened by the epoch's clock-rate margin, so that
+    /// a client that counts from its send instant on its own clock never overstays it.
     pub valid_for: Duration,
     /// The previous holder's handoff note.
     pub note: Option<Vec<u8>>,
@@ -193,7 +217,7 @@ pub struct ApiError {
 pub enum ErrorKind {
     /// Not admitted within the wait (or at once, for a zero wait). Retry later.
     Timeout,
-    /// The lock was lost (revoked after a recall, or its deadline passed).
+    /// The lock was lost (its deadline passed).
     Lost,
     /// The request is invalid (key too long, zero ttl, note too large, unknown handle…).
     Invalid,
@@ -212,16 +236,24 @@ impl ApiError {
 }
 
 /// Something the node tells a subscribed client without being asked.
+///
+/// Events are advisory: a handle's safety never depends on one arriving (its deadline, counted
+/// from the client's own send instant, is what the client relies on). `seq` numbers one
+/// connection's events from 1 with no gap; a gap means events were dropped (the client's queue
+/// was full), and the client should renew its handles to learn their state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ClientEvent {
-    /// A handle of this connection was lost: its next use fails.
-    Lost { handle: u64, key: Vec<u8>, reason: LostReason },
+pub struct ClientEvent {
+    pub seq: u64,
+    pub handle: u64,
+    pub key: Vec<u8>,
+    pub kind: EventKind,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum LostReason {
-    /// The key's home recalled the delegation and the grace period ran out.
-    Recalled,
-    /// The handle's ttl or its delegation ran out.
+pub enum EventKind {
+    /// Another client wants the key: the handle stays valid for `valid_for` from the moment the
+    /// node sent the event, and renewals no longer extend it. Unlock as soon as you can.
+    Recalled { valid_for: Duration },
+    /// The handle's deadline passed: the lock is lost and its next use fails.
     Expired,
 }

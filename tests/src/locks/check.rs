@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use keyhome_delegation::{FencingToken, Grantee, RevokeReason, TokenGuard};
+use keyhome_delegation::{FencingToken, Grantee, TokenGuard};
 
 use crate::world::Real;
 
@@ -54,22 +54,23 @@ impl fmt::Display for LockViolation {
 pub enum End {
     /// Unlocked by its client, with this handoff note (a write id).
     Unlock(Option<u64>),
-    /// Revoked by the holder after a recall's grace.
-    Recalled,
-    /// Revoked at its deadline; `deleg_gone` when the delegation expired with it.
+    /// Ended at its deadline; `deleg_gone` when the delegation expired with it.
     Expired { deleg_gone: bool },
-    /// Its node crashed.
+    /// Its node crashed. The client is not told: it may work on until the deadline it was told.
     Crash,
 }
 
-/// One admission: from the real instant `lock` returned a handle to its end or its deadline.
+/// One admission: from the real instant `lock` returned a handle to its unlock or to the
+/// deadline its client was told, whichever is first. Nothing else ends it early: not a recall,
+/// not a crash of its node, since the client relies on the deadline alone.
 #[derive(Clone, Debug)]
 pub struct Admission {
     pub key: usize,
     pub node: usize,
     pub token: FencingToken,
     pub start: Real,
-    /// The handle's deadline on its holder's clock, as real time.
+    /// The deadline the client was told (the handle's deadline at admission, on its node's
+    /// clock), as real time.
     pub deadline: Real,
     pub end: Option<(Real, End)>,
 }
@@ -77,7 +78,10 @@ pub struct Admission {
 impl Admission {
     /// The real instant the admission stops counting, as known at `now`.
     fn over_by(&self) -> Real {
-        self.end.map_or(self.deadline, |(at, _)| at.min(self.deadline))
+        match self.end {
+            Some((at, End::Unlock(_))) => at.min(self.deadline),
+            _ => self.deadline,
+        }
     }
 
     fn grantee(&self) -> Grantee {
@@ -212,7 +216,7 @@ impl LockChecker {
             let (expected, unclean) = match previous.map(|p| p.end) {
                 None => (None, false),
                 Some(Some((_, End::Unlock(n)))) => (n, expired),
-                Some(Some((_, End::Recalled | End::Expired { .. }))) => (None, true),
+                Some(Some((_, End::Expired { .. }))) => (None, true),
                 Some(Some((_, End::Crash))) | Some(None) => (None, expired),
             };
             if recovered {
@@ -299,13 +303,5 @@ impl LockChecker {
             }
         }
         ok
-    }
-}
-
-/// How an admission revoked for `reason` ended.
-pub fn revoked(reason: RevokeReason, deleg_gone: bool) -> End {
-    match reason {
-        RevokeReason::Recalled => End::Recalled,
-        RevokeReason::Expired => End::Expired { deleg_gone },
     }
 }

@@ -26,7 +26,6 @@ const DELEGATION_LEASES: [Duration; 3] =
 /// The holder settings of every node in a run.
 #[derive(Clone, Debug)]
 pub struct HolderParams {
-    pub grace: Duration,
     pub idle_release: Duration,
     pub min_useful: Duration,
     pub retry: Duration,
@@ -48,6 +47,9 @@ pub struct LockScenario {
     /// Share of lock calls that pick from the hot set.
     pub hot_share: f64,
     pub holder: HolderParams,
+    /// Share of recalled clients that hurry (stop writing and unlock at their next step); the
+    /// others hold on to the deadline they were told, as unresponsive clients would.
+    pub responsive: f64,
     /// Latency from a client's deadline check to its write reaching the resource.
     pub write_delay: (Real, Real),
     pub heal_at: Real,
@@ -127,6 +129,7 @@ impl LockScenario {
             trace: options.trace,
             keys: (0..keys).map(|i| format!("k{i}").into_bytes()).collect(),
         };
+        let responsive = rng.range(0, 1000) as f64 / 1000.0;
         LockScenario {
             base,
             bugs: options.bugs,
@@ -134,8 +137,8 @@ impl LockScenario {
             clients: if options.hostile { 3 } else { 2 },
             hot: 3,
             hot_share: 0.5,
+            responsive,
             holder: HolderParams {
-                grace: Duration::from_nanos(rng.range(lease_ns / 4, 2 * lease_ns)),
                 idle_release: Duration::from_nanos(rng.range(ms(5), 4 * lease_ns)),
                 min_useful: lease / 10,
                 retry: Duration::from_millis(5),
@@ -192,6 +195,7 @@ impl LockScenario {
             trace: options.trace,
             keys: (0..12).map(|i| format!("k{i}").into_bytes()).collect(),
         };
+        let responsive = rng.range(0, 1000) as f64 / 1000.0;
         LockScenario {
             base,
             bugs: options.bugs,
@@ -199,8 +203,8 @@ impl LockScenario {
             clients: 2,
             hot: 3,
             hot_share: 0.5,
+            responsive,
             holder: HolderParams {
-                grace: Duration::from_nanos(rng.range(lease_ns / 4, 2 * lease_ns)),
                 idle_release: Duration::from_nanos(rng.range(ms(5), 4 * lease_ns)),
                 min_useful: lease / 10,
                 retry: Duration::from_millis(5),
@@ -250,8 +254,8 @@ impl LockScenario {
             clients: 1,
             hot: 0,
             hot_share: 0.0,
+            responsive: 1.0,
             holder: HolderParams {
-                grace: lease,
                 idle_release: lease * 4,
                 min_useful: lease / 10,
                 retry: Duration::from_millis(5),

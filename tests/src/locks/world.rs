@@ -1,27 +1,27 @@
-//! The lock world: every node runs its epoch core, its [`Home`] and its [`Holder`] on one clock,
-//! one disk and one network, under a seeded client workload, holder pauses and every fault of the
-//! epoch harness.
+//! The lock world: every node runs the node's own core ([`keyhome::core::Core`], the very type
+//! the `keyhome` binary runs: epoch core, home, holder and their glue) on one clock, one disk and
+//! one network, under a seeded client workload, holder pauses and every fault of the epoch
+//! harness. Only sockets, disks and clocks are replaced.
 //!
-//! The epoch core is driven exactly as in [`crate::world`] (the `Ready` contract, disk order,
-//! crash losing unsynced writes and gated messages). On top of it: `Event::Learned` is passed to
-//! [`Home::on_epoch_change`]; delegation messages go to the home or the holder by variant; the
-//! [`Authority`](keyhome_delegation::Authority) of both is the node's `EpochNode`. One timer per
-//! node covers all three machines. A crash loses the home and the holder (volatile); a restart
-//! builds new ones, so the home's restart quarantine applies. A pause freezes the whole process:
+//! The core's outputs are carried out in the order it produced them: transmits go on the
+//! simulated network (self-addressed delegation messages never leave the core), persistence
+//! requests go to a FIFO disk whose completion calls `Core::persisted` (a crash loses unsynced
+//! writes and the messages held back behind them), lock outcomes and handle notices go to the
+//! node's clients. A crash loses the whole core (homes and holders are volatile); a restart
+//! builds a new one, so the home's restart quarantine applies. A pause freezes the whole process:
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
 use keyhome_delegation::{
-    Authority, Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home,
-    HomeConfig, LockError, LockOutcome, Message as DMessage, Refusal, Ticket,
+    Body as DBody, FencingToken, Handle, HandleId, HolderConfig, HomeConfig, LockError, LockOutcome,
+    Message as DMessage, Refusal, Ticket,
 };
 use keyhome_epoch::time::rate_margin;
-use keyhome_epoch::{
-    Body, Change, Config, Durable, EpochNode, EpochRecord, Event, Instant, Message, Timing, Transmit, Write,
-};
+use keyhome_epoch::{Body, Change, Config, Durable, EpochNode, EpochRecord, Instant, Message, Write};
 use keyhome_ring::NodeId;
 
 use crate::check::Checker;
@@ -31,24 +31,16 @@ use crate::rng::Rng;
 use crate::scenario::{Fault, Links};
 use crate::world::{Real, nanos};
 
-use super::SimBugs;
-use super::check::{End, LockChecker, LockKind, revoked};
+use super::check::{End, LockChecker, LockKind};
 use super::handover::{Breach, Changes, HandoverStats, Sample};
 use super::scenario::LockScenario;
-
-/// What crosses the simulated network.
-#[derive(Clone, Debug)]
-enum Wire {
-    Epoch(Message),
-    Deleg(DMessage),
-}
 
 #[derive(Debug)]
 enum Ev {
     Deliver {
         from: usize,
         to: usize,
-        wire: Wire,
+        message: PeerMessage,
     },
     Timer {
         node: usize,
@@ -100,13 +92,13 @@ struct Slot {
     id: NodeId,
     clock: Clock,
     durable: Durable,
-    core: Option<EpochNode>,
-    home: Option<Home>,
-    holder: Option<Holder>,
+    /// The node's core, while the node runs.
+    core: Option<Core>,
     /// Home start instant (home clock), for the ghost quarantine.
     home_started: Instant,
     run: u64,
-    disk: VecDeque<(u64, Vec<Write>, Vec<Transmit>)>,
+    /// Persistence requests not yet durable, oldest first.
+    disk: VecDeque<(u64, Vec<Write>)>,
     timer_generation: u64,
     /// Frozen until this real instant.
     paused_until: Real,
@@ -116,6 +108,9 @@ struct Slot {
     learned: Vec<(u64, Instant)>,
     /// Whether the node held its home lease after its last event.
     lease_ok: bool,
+    /// Per scenario key: whether the home had adopted it by handover after the node's last
+    /// event (what it decided on before an epoch change it learns now).
+    adopted: Vec<bool>,
 }
 
 /// A whole simulated cluster with delegations under one lock scenario.
@@ -166,8 +161,6 @@ impl LockWorld {
                 ),
                 durable: Durable::genesis(genesis.clone()),
                 core: None,
-                home: None,
-                holder: None,
                 home_started: Instant::ZERO,
                 run: 0,
                 disk: VecDeque::new(),
@@ -176,6 +169,7 @@ impl LockWorld {
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
                 learned: Vec::new(),
                 lease_ok: false,
+                adopted: vec![false; scenario.base.keys.len()],
             })
             .collect();
         let base = &scenario.base;
@@ -310,37 +304,14 @@ impl LockWorld {
             None => ev,
         };
         match ev {
-            Ev::Deliver { from, to, wire } => {
+            Ev::Deliver { from, to, message } => {
                 if self.links.is_cut(from, to) {
                     return;
                 }
                 let now = self.local(to);
                 let from_id = self.slots[from].id;
-                let slot = &mut self.slots[to];
-                let Some(core) = slot.core.as_mut() else { return };
-                match wire {
-                    Wire::Epoch(message) => core.handle_message(now, from_id, message),
-                    Wire::Deleg(message) => match message.body {
-                        DBody::Request { .. }
-                        | DBody::Release { .. }
-                        | DBody::Check { .. }
-                        | DBody::Handover { .. }
-                        | DBody::HandoverAck { .. } => {
-                            if let Some(home) = slot.home.as_mut() {
-                                let auth = HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned);
-                                home.handle_message(now, from_id, message, &auth);
-                            }
-                        }
-                        DBody::Grant { .. }
-                        | DBody::Refuse { .. }
-                        | DBody::Recall { .. }
-                        | DBody::CheckReply { .. } => {
-                            if let Some(holder) = slot.holder.as_mut() {
-                                holder.handle_message(now, from_id, message, &*core);
-                            }
-                        }
-                    },
-                }
+                let Some(core) = self.slots[to].core.as_mut() else { return };
+                core.handle_message(now, from_id, message);
                 self.pump(to, false);
             }
             Ev::Timer { node, generation } => {
@@ -348,25 +319,9 @@ impl LockWorld {
                     return;
                 }
                 let now = self.local(node);
-                let slot = &mut self.slots[node];
-                let Some(core) = slot.core.as_mut() else { return };
-                let core_due = core.poll_timeout().is_some_and(|t| t <= now);
-                if core_due {
-                    core.handle_timeout(now);
-                }
-                if let Some(home) = slot.home.as_mut()
-                    && home.poll_timeout().is_some_and(|t| t <= now)
-                {
-                    home.handle_timeout(
-                        now,
-                        &HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned),
-                    );
-                }
-                if let Some(holder) = slot.holder.as_mut()
-                    && holder.poll_timeout().is_some_and(|t| t <= now)
-                {
-                    holder.handle_timeout(now, &*core);
-                }
+                let Some(core) = self.slots[node].core.as_mut() else { return };
+                let core_due = core.epoch().poll_timeout().is_some_and(|t| t <= now);
+                core.handle_timeout(now);
                 self.pump(node, core_due);
             }
             Ev::Sync { node, run } => self.sync(node, run),
@@ -407,12 +362,13 @@ impl LockWorld {
         config.round_timeout = scenario.base.round_timeout;
         config.catch_up_interval = scenario.base.round_timeout;
         config.bugs = scenario.base.bugs;
-        let core = EpochNode::start(config, slot.durable.clone(), now);
+        config.bugs.no_handover |= scenario.sim_bugs.no_handover;
+        config.bugs.same_home_wait |= scenario.sim_bugs.same_home_wait;
+        let epoch = EpochNode::start(config, slot.durable.clone(), now);
         let mut home_config = HomeConfig::new(slot.id);
         home_config.bugs = scenario.bugs;
         let mut holder_config = HolderConfig::new(slot.id);
         let p = &scenario.holder;
-        holder_config.grace = p.grace;
         holder_config.idle_release = p.idle_release;
         holder_config.min_useful = p.min_useful;
         holder_config.retry = p.retry;
@@ -425,10 +381,10 @@ impl LockWorld {
             current.activation_wait.max(rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm));
         slot.learned = vec![(current.number, now + wait)];
         slot.lease_ok = false;
+        let mut core = Core::new(epoch, home_config, holder_config, now);
+        core.observe_local(true);
         slot.core = Some(core);
-        slot.home = Some(Home::new(home_config, now));
         slot.home_started = now;
-        slot.holder = Some(Holder::new(holder_config, now));
         slot.paused_until = 0;
         self.note_epoch(&current);
         self.pump(i, false);
@@ -439,8 +395,6 @@ impl LockWorld {
         if slot.core.take().is_none() {
             return;
         }
-        slot.home = None;
-        slot.holder = None;
         slot.disk.clear();
         slot.timer_generation += 1;
         slot.paused_until = 0;
@@ -465,123 +419,76 @@ impl LockWorld {
         }
     }
 
-    /// Drains everything node `i`'s three machines produced, feeds holder events to clients,
-    /// re-arms the node's timer and runs the epoch checks.
+    /// Carries out everything node `i`'s core produced, in order, re-arms the node's timer and
+    /// runs the epoch checks.
     fn pump(&mut self, i: usize, core_timer: bool) {
-        loop {
-            let now = self.local(i);
-            let slot = &mut self.slots[i];
-            let Some(core) = slot.core.as_mut() else { return };
-            let mut sends = Vec::new();
-            let mut to_disk = Vec::new();
-            while let Some(ready) = core.ready() {
-                sends.extend(ready.messages.iter().cloned());
-                if ready.needs_advance() {
-                    to_disk.push((ready.number, ready.writes, ready.persisted_messages));
+        while let Some(output) = self.slots[i].core.as_mut().and_then(Core::poll_output) {
+            match output {
+                Output::Transmit { to, message: PeerMessage::Epoch(message) } => {
+                    self.send_epoch(i, to, message)
                 }
-            }
-            let mut learned = Vec::new();
-            while let Some(event) = core.poll_event() {
-                if let Event::Learned { epoch } = event {
-                    learned.push(epoch);
+                Output::Transmit { to, message: PeerMessage::Delegation(message) } => {
+                    self.observe_deleg(i, &message);
+                    self.send_deleg(i, to, message);
                 }
-            }
-            if !learned.is_empty() {
-                self.epoch_learned(i, &learned);
-            }
-            let slot = &mut self.slots[i];
-            let core = slot.core.as_ref().expect("present");
-            if !learned.is_empty()
-                && let Some(home) = slot.home.as_mut()
-            {
-                home.on_epoch_change(now, &HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned));
-            }
-            let mut deleg = Vec::new();
-            if let Some(home) = slot.home.as_mut() {
-                while let Some(t) = home.poll_transmit() {
-                    deleg.push((true, t));
+                Output::Observed { message } => self.observe_deleg(i, &message),
+                Output::Persist { number, writes } => {
+                    let slot = &mut self.slots[i];
+                    let idle = slot.disk.is_empty();
+                    slot.disk.push_back((number, writes));
+                    if idle {
+                        self.schedule_sync(i);
+                    }
                 }
-            }
-            if let Some(holder) = slot.holder.as_mut() {
-                while let Some(t) = holder.poll_transmit() {
-                    deleg.push((false, t));
-                }
-            }
-            if deleg.len() > 1 {
-                // The home walks hash maps (randomly seeded per process) on epoch changes: put
-                // its output in a fixed order so a seed replays exactly.
-                deleg.sort_by_cached_key(|(home, (to, m))| (*home, *to, format!("{:?}", m.body)));
-            }
-            let mut events = Vec::new();
-            if let Some(holder) = slot.holder.as_mut() {
-                while let Some(e) = holder.poll_event() {
-                    events.push(e);
-                }
-            }
-            let idle = slot.disk.is_empty();
-            slot.disk.extend(to_disk);
-            let start_sync = idle && !slot.disk.is_empty();
-            for t in sends {
-                self.send_epoch(i, t);
-            }
-            if start_sync {
-                self.schedule_sync(i);
-            }
-            for (from_home, (to, message)) in deleg {
-                if from_home && let DBody::Grant { key, .. } = &message.body {
-                    self.check_grant(i, key);
-                }
-                if from_home {
-                    self.home_sent(i, &message);
-                }
-                // A release flagged `recovered` does not vouch for a clean end: the checker
-                // still expects the next holder to be told.
-                if !from_home
-                    && let DBody::Release { key, grantee, note, recovered: false } = &message.body
-                    && let Some(k) = self.scenario.base.keys.iter().position(|n| n == key)
-                {
-                    self.checker.released(k, *grantee, note.is_some());
-                }
-                self.send_deleg(i, to, message);
-            }
-            let quiet = events.is_empty();
-            for e in events {
-                self.on_holder_event(i, e);
-            }
-            if quiet {
-                break;
+                Output::LockDone { ticket, result } => self.lock_done(i, ticket, result),
+                Output::Notice { handle, notice, key, .. } => self.on_notice(i, handle, &key, notice),
+                Output::EpochLearned { epoch } => self.epoch_learned(i, epoch),
+                Output::CheckDone { .. } | Output::ProposalDone { .. } => {}
             }
         }
         let slot = &mut self.slots[i];
         slot.timer_generation += 1;
         let Some(core) = slot.core.as_ref() else { return };
-        let timeout = [
-            core.poll_timeout(),
-            slot.home.as_ref().and_then(Home::poll_timeout),
-            slot.holder.as_ref().and_then(Holder::poll_timeout),
-        ]
-        .into_iter()
-        .flatten()
-        .min();
-        if let Some(at) = timeout {
+        if let Some(at) = core.poll_timeout() {
             let generation = slot.timer_generation;
             let real = slot.clock.real_at(at).max(self.now);
             self.schedule(real, Ev::Timer { node: i, generation });
         }
         let now = self.local(i);
-        let Some(core) = self.slots[i].core.as_ref() else { return };
-        self.slots[i].lease_ok = core.holds_lease(now);
+        let slot = &mut self.slots[i];
+        let Some(core) = slot.core.as_ref() else { return };
+        slot.lease_ok = core.epoch().holds_lease(now);
+        for (k, name) in self.scenario.base.keys.iter().enumerate() {
+            slot.adopted[k] = core.home().is_adopted(name);
+        }
         if self.changes.open_at(i) {
             self.check_ready(i);
         }
         let Some(core) = self.slots[i].core.as_ref() else { return };
-        if self.epoch_checker.after_event(self.now, i, now, core_timer, core) {
+        if self.epoch_checker.after_event(self.now, i, now, core_timer, core.epoch()) {
             let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
                 .filter(|(j, _)| *j != i)
-                .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
+                .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c.epoch())))
                 .collect();
-            self.epoch_checker.check_homes(self.now, i, now, core, &others);
+            self.epoch_checker.check_homes(self.now, i, now, core.epoch(), &others);
         }
+    }
+
+    /// Checks on a delegation message node `i` sends (to a peer or to itself): grants against
+    /// the granting rules, what homes say during epoch changes, and clean releases.
+    fn observe_deleg(&mut self, i: usize, message: &DMessage) {
+        match &message.body {
+            DBody::Grant { key, .. } => self.check_grant(i, key),
+            // A release flagged `recovered` does not vouch for a clean end: the checker still
+            // expects the next holder to be told.
+            DBody::Release { key, grantee, note, recovered: false } => {
+                if let Some(k) = self.scenario.base.keys.iter().position(|n| n == key) {
+                    self.checker.released(k, *grantee, note.is_some());
+                }
+            }
+            _ => {}
+        }
+        self.home_sent(i, message);
     }
 
     // ---- epoch changes as keys see them (see `super::handover`) ----
@@ -603,7 +510,7 @@ impl LockWorld {
 
     /// Node `i` learned `epochs` (its home has not heard yet): closes its samples of earlier
     /// epochs and opens one for every key it is the new home of that a client waits for.
-    fn epoch_learned(&mut self, i: usize, epochs: &[u64]) {
+    fn epoch_learned(&mut self, i: usize, learned: u64) {
         let now = self.local(i);
         let Some(core) = self.slots[i].core.as_ref() else { return };
         let record = core.current().clone();
@@ -611,10 +518,11 @@ impl LockWorld {
         let breaches = self.changes.close(Some(i), self.now);
         self.breaches(breaches);
         let before = self.slots[i].learned.clone();
-        for &e in epochs {
-            let wait = self.epochs.get(&e).map_or(Duration::MAX, |(_, w)| *w);
-            self.slots[i].learned.push((e, now + wait));
+        if self.slots[i].learned.last().is_some_and(|&(n, _)| n >= learned) {
+            return; // the epoch the core started with
         }
+        let wait = self.epochs.get(&learned).map_or(Duration::MAX, |(_, w)| *w);
+        self.slots[i].learned.push((learned, now + wait));
         let e = record.number;
         let consecutive = self.slots[i].learned.iter().rev().nth(1).is_some_and(|(n, _)| *n + 1 == e);
         // Clients on members of the new epoch: others are refused `NotMember` anyway.
@@ -636,8 +544,7 @@ impl LockWorld {
             let old_home = self.home_in(e - 1, key);
             // As `Home` decided before the change: an adopted key on the lease alone, any other
             // by `home_active` (its lease half approximated by the lease held after the last event).
-            let adopted_before = old_home == Some(i)
-                && slot.home.as_ref().is_some_and(|h| h.is_adopted(&self.scenario.base.keys[key]));
+            let adopted_before = old_home == Some(i) && slot.adopted[key];
             let ready_before =
                 old_home == Some(i) && slot.lease_ok && (adopted_before || self.fenced(&before, i, key, now));
             let old_reachable = old_home.is_some_and(|o| {
@@ -706,18 +613,18 @@ impl LockWorld {
     fn check_ready(&mut self, i: usize) {
         let now = self.local(i);
         let slot = &self.slots[i];
-        let (Some(core), Some(home)) = (slot.core.as_ref(), slot.home.as_ref()) else { return };
-        if now < home.quarantine_end(&core.current().timing) {
+        let Some(core) = slot.core.as_ref() else { return };
+        if now < core.home().quarantine_end(&core.current().timing) {
             return;
         }
-        // As `Home` decides, through the same authority: an adopted key on the current epoch's
-        // lease alone, any other by `home_active`.
-        let auth = HomeAuthority::new(core, self.scenario.sim_bugs, &slot.learned);
+        // As `Home` decides: an adopted key on the current epoch's lease alone, any other by
+        // `home_active`.
+        let epoch = core.epoch();
         let mut ready = Vec::new();
         for key in self.changes.unready(i) {
             let name = &self.scenario.base.keys[key];
-            let adopted = home.is_adopted(name);
-            if (adopted && auth.holds_lease(now)) || (!adopted && auth.home_active(now, name)) {
+            let adopted = core.home().is_adopted(name);
+            if (adopted && epoch.holds_lease(now)) || (!adopted && epoch.home_active(now, name)) {
                 ready.push((key, adopted));
             }
         }
@@ -739,7 +646,8 @@ impl LockWorld {
         self.checker.stats.grants += 1;
         let now = self.local(i);
         let slot = &self.slots[i];
-        let (Some(core), Some(home)) = (slot.core.as_ref(), slot.home.as_ref()) else { return };
+        let Some(core) = slot.core.as_ref() else { return };
+        let (home, epoch) = (core.home(), core.epoch());
         let timing = core.current().timing;
         let quarantine_end =
             slot.home_started + rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm);
@@ -748,9 +656,9 @@ impl LockWorld {
         // that run (see `EpochNode::home_active`), so "holds a home lease" is part of
         // `home_active`; an adopted key needs the current epoch's lease.
         let problem = if home.is_adopted(key) {
-            (!core.holds_lease(now)).then_some("(adopted by handover) without a home lease")
+            (!epoch.holds_lease(now)).then_some("(adopted by handover) without a home lease")
         } else {
-            (!core.home_active(now, key))
+            (!epoch.home_active(now, key))
                 .then_some("while not active for the key (no home lease in its run of epochs, or inside the activation wait)")
         };
         let problem = if problem.is_some() {
@@ -779,15 +687,12 @@ impl LockWorld {
             return;
         }
         let now = slot.clock.local(self.now);
-        let Some((number, writes, messages)) = slot.disk.pop_front() else { return };
+        let Some((number, writes)) = slot.disk.pop_front() else { return };
         for w in &writes {
             slot.durable.apply(w);
         }
         if let Some(core) = slot.core.as_mut() {
-            core.advance(now, number);
-        }
-        for t in messages {
-            self.send_epoch(i, t);
+            core.persisted(now, number);
         }
         if !self.slots[i].disk.is_empty() {
             self.schedule_sync(i);
@@ -795,13 +700,13 @@ impl LockWorld {
         self.pump(i, false);
     }
 
-    fn send_epoch(&mut self, i: usize, t: Transmit) {
+    fn send_epoch(&mut self, i: usize, to: NodeId, message: Message) {
         self.checker.stats.epoch_messages += 1;
         if let Some(core) = self.slots[i].core.as_ref() {
             let promised = self.slots[i].durable.acceptor.promised;
-            self.epoch_checker.sent(self.now, i, core.incarnation(), promised, &t.message);
+            self.epoch_checker.sent(self.now, i, core.epoch().incarnation(), promised, &message);
         }
-        match t.message.body {
+        match message.body {
             Body::Chosen(_) if self.rng.chance(self.lose_chosen) => return,
             Body::Vote { .. } if self.rng.chance(self.crash_after_vote) => {
                 let back = self.now + self.rng.range(1_000_000, 30_000_000);
@@ -810,22 +715,17 @@ impl LockWorld {
             }
             _ => {}
         }
-        let Some(to) = self.index(t.to) else { return };
-        self.transmit(i, to, Wire::Epoch(t.message));
+        let Some(to) = self.index(to) else { return };
+        self.transmit(i, to, PeerMessage::Epoch(message));
     }
 
     fn send_deleg(&mut self, i: usize, to: NodeId, message: DMessage) {
         let Some(to) = self.index(to) else { return };
-        if to == i {
-            // In-process: no network, no loss.
-            self.schedule(self.now, Ev::Deliver { from: i, to, wire: Wire::Deleg(message) });
-            return;
-        }
         self.checker.stats.deleg_messages += 1;
-        self.transmit(i, to, Wire::Deleg(message));
+        self.transmit(i, to, PeerMessage::Delegation(message));
     }
 
-    fn transmit(&mut self, i: usize, to: usize, wire: Wire) {
+    fn transmit(&mut self, i: usize, to: usize, message: PeerMessage) {
         let copies = if self.rng.chance(self.duplication) { 2 } else { 1 };
         for _ in 0..copies {
             if self.rng.chance(self.loss) {
@@ -836,7 +736,7 @@ impl LockWorld {
             if self.rng.chance(self.reorder) {
                 delay += self.rng.range(hi, hi * 20);
             }
-            self.schedule(self.now + delay, Ev::Deliver { from: i, to, wire: wire.clone() });
+            self.schedule(self.now + delay, Ev::Deliver { from: i, to, message: message.clone() });
         }
     }
 
@@ -991,9 +891,9 @@ impl LockWorld {
                 let now = self.local(node);
                 if now >= handle.deadline {
                     // The client sees its handle is past its deadline: it stops, and tells the
-                    // holder (which then reports the handle expired, if it had not yet).
-                    let holder = self.slots[node].holder.as_mut().expect("up");
-                    if holder.unlock(now, handle.id, None).is_ok() {
+                    // node (which then reports the handle expired, if it had not yet).
+                    let core = self.slots[node].core.as_mut().expect("up");
+                    if core.unlock(now, handle.id, None).is_ok() {
                         // The holder had extended the handle silently; it ends now, noteless.
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(None));
@@ -1021,7 +921,7 @@ impl LockWorld {
                     return;
                 }
                 let note = Some(last_write.to_le_bytes().to_vec());
-                let holder = self.slots[node].holder.as_mut().expect("up");
+                let core = self.slots[node].core.as_mut().expect("up");
                 if self.scenario.base.trace {
                     println!(
                         "{:>12.6} node {node} client {client}: unlock k{key} {} note {last_write}",
@@ -1029,12 +929,12 @@ impl LockWorld {
                         handle.token
                     );
                 }
-                match holder.unlock(now, handle.id, note) {
+                match core.unlock(now, handle.id, note) {
                     Ok(()) => {
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(Some(last_write)));
                     }
-                    Err(LockError::Revoked | LockError::Expired | LockError::UnknownHandle) => {}
+                    Err(LockError::Expired | LockError::UnknownHandle) => {}
                     Err(e) => panic!("unlock failed: {e}"),
                 }
                 self.idle(node, client);
@@ -1048,9 +948,9 @@ impl LockWorld {
         self.checker.stats.lock_calls += 1;
         let now = self.local(node);
         let name = self.scenario.base.keys[key].clone();
-        let slot = &mut self.slots[node];
-        let (Some(core), Some(holder)) = (slot.core.as_ref(), slot.holder.as_mut()) else { return };
-        let outcome = holder.lock(now, &name, ttl, wait, core);
+        let Some(core) = self.slots[node].core.as_mut() else { return };
+        let owner = Owner::Client(ClientOwner { conn: client as u64, identity: 0 });
+        let outcome = core.lock(now, &name, ttl, wait, owner);
         match outcome {
             Ok(LockOutcome::Locked(handle)) => {
                 self.checker.stats.immediate += 1;
@@ -1114,45 +1014,61 @@ impl LockWorld {
         }
     }
 
-    fn on_holder_event(&mut self, node: usize, event: HolderEvent) {
+    /// A pending lock of node `node` was decided.
+    fn lock_done(&mut self, node: usize, ticket: Ticket, result: Result<Handle, LockError>) {
         if self.scenario.base.trace {
-            println!("{:>12.6} node {node}: {event:?}", self.now as f64 / 1e9);
+            println!("{:>12.6} node {node}: lock {ticket:?} {result:?}", self.now as f64 / 1e9);
         }
-        match event {
-            HolderEvent::Locked { ticket, handle } => {
-                let Some(c) = self
-                    .find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
-                else {
-                    return;
-                };
-                let CState::Waiting { key, .. } = self.slots[node].clients[c].state else { return };
-                self.holding(node, c, key, handle);
-            }
-            HolderEvent::LockFailed { ticket, error } => {
-                let Some(c) = self
-                    .find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
-                else {
-                    return;
-                };
+        let Some(c) =
+            self.find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
+        else {
+            return;
+        };
+        let CState::Waiting { key, .. } = self.slots[node].clients[c].state else { return };
+        match result {
+            Ok(handle) => self.holding(node, c, key, handle),
+            Err(error) => {
                 self.checker.stats.lock_failures += 1;
                 if self.slots[node].clients[c].probe {
                     self.probe_failed(node, &format!("lock failed: {error}"));
                 }
                 self.idle(node, c);
             }
-            HolderEvent::Revoked { handle, key, reason } => {
+        }
+    }
+
+    /// Node `node` tells the owner of `handle` it was recalled or has expired.
+    fn on_notice(&mut self, node: usize, handle: HandleId, key: &[u8], notice: Notice) {
+        if self.scenario.base.trace {
+            println!("{:>12.6} node {node}: {notice:?} for {handle:?}", self.now as f64 / 1e9);
+        }
+        let client =
+            self.find_client(node, |s| matches!(s, CState::Holding { handle: h, .. } if h.id == handle));
+        match notice {
+            Notice::Recalled { .. } => {
+                // Most clients hurry: they write no more and unlock at their next step, with the
+                // note of their last write. The others ignore the request and hold on to the
+                // deadline they were told, as an unresponsive client would.
+                let Some(c) = client else { return };
+                if !self.rng.chance(self.scenario.responsive) {
+                    return;
+                }
+                if let CState::Holding { writes_left, .. } = &mut self.slots[node].clients[c].state {
+                    *writes_left = 0;
+                }
+                let at = self.now + self.rng.range(0, 2_000_000);
+                self.schedule_client(node, c, at);
+            }
+            Notice::Expired => {
                 let now = self.local(node);
                 let deleg_gone =
-                    self.slots[node].holder.as_ref().is_none_or(|h| h.delegation(now, &key).is_none());
+                    self.slots[node].core.as_ref().is_none_or(|c| c.holder().delegation(now, key).is_none());
                 if let Some(admission) = self.handles.remove(&(node, handle)) {
-                    self.checker.ended(self.now, admission, revoked(reason, deleg_gone));
+                    self.checker.ended(self.now, admission, End::Expired { deleg_gone });
                 }
-                let Some(c) = self
-                    .find_client(node, |s| matches!(s, CState::Holding { handle: h, .. } if h.id == handle))
-                else {
-                    return;
-                };
-                self.idle(node, c);
+                if let Some(c) = client {
+                    self.idle(node, c);
+                }
             }
         }
     }
@@ -1164,7 +1080,8 @@ impl LockWorld {
     // ---- liveness probes ----
 
     /// After healing: one probe client on every member of the newest epoch locks a random key,
-    /// with a wait of the delegation lease plus its margin, the grace, and round trips to spare.
+    /// with a wait of twice the delegation lease plus its margin (a recalled holder may keep the
+    /// key until its deadline, at most a lease away), and round trips to spare.
     fn start_probes(&mut self) {
         let newest = self.newest();
         for i in 0..self.slots.len() {
@@ -1173,8 +1090,7 @@ impl LockWorld {
             }
             let key = self.pick_key();
             let timing = newest.timing;
-            let wait = rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm)
-                + self.scenario.holder.grace
+            let wait = 2 * rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm)
                 + Duration::from_millis(100);
             self.slots[i].clients.push(Client { state: CState::Idle, generation: 0, probe: true });
             let c = self.slots[i].clients.len() - 1;
@@ -1224,8 +1140,8 @@ impl LockWorld {
             let now = self.local(node);
             self.next_write += 1;
             let note = self.next_write;
-            let holder = self.slots[node].holder.as_mut().expect("up");
-            holder.unlock(now, handle.id, Some(note.to_le_bytes().to_vec())).expect("a live handle");
+            let core = self.slots[node].core.as_mut().expect("up");
+            core.unlock(now, handle.id, Some(note.to_le_bytes().to_vec())).expect("a live handle");
             self.checker.ended(self.now, admission, End::Unlock(Some(note)));
             self.handles.remove(&(node, handle.id));
             self.slots[node].clients[0].state = CState::Idle;
@@ -1236,62 +1152,11 @@ impl LockWorld {
     /// The home of key index `key` under node `node`'s current epoch.
     pub fn home_of(&self, node: usize, key: usize) -> Option<usize> {
         let core = self.slots[node].core.as_ref()?;
-        self.index(core.home_of(&self.scenario.base.keys[key])?)
+        self.index(core.epoch().home_of(&self.scenario.base.keys[key])?)
     }
 
     /// Every handle id ever returned to scripted lockers (for tests).
     pub fn script_handles(&self) -> Vec<HandleId> {
         self.script_results.iter().filter_map(|(_, _, h)| h.as_ref().map(|h| h.id)).collect()
-    }
-}
-
-/// The epoch core as a home's [`Authority`], with the simulation's own bugs ([`SimBugs`]):
-/// `no_handover` never names the previous epoch's home, so the home adopts no handover;
-/// `same_home_wait` answers `home_active` false until the current epoch's activation instant
-/// (`fence`, from the node's ghost history), whether or not the key kept its home.
-struct HomeAuthority<'a> {
-    core: &'a EpochNode,
-    hide_previous: bool,
-    fence: Option<Instant>,
-}
-
-impl<'a> HomeAuthority<'a> {
-    fn new(core: &'a EpochNode, bugs: SimBugs, learned: &[(u64, Instant)]) -> HomeAuthority<'a> {
-        let fence = if bugs.same_home_wait { learned.last().map(|&(_, fence)| fence) } else { None };
-        HomeAuthority { core, hide_previous: bugs.no_handover, fence }
-    }
-}
-
-impl Authority for HomeAuthority<'_> {
-    fn epoch(&self) -> u64 {
-        Authority::epoch(self.core)
-    }
-
-    fn incarnation(&self) -> u64 {
-        Authority::incarnation(self.core)
-    }
-
-    fn timing(&self) -> Timing {
-        Authority::timing(self.core)
-    }
-
-    fn is_member(&self, node: NodeId) -> bool {
-        Authority::is_member(self.core, node)
-    }
-
-    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
-        Authority::home_of(self.core, key)
-    }
-
-    fn home_active(&self, now: Instant, key: &[u8]) -> bool {
-        Authority::home_active(self.core, now, key) && self.fence.is_none_or(|fence| now >= fence)
-    }
-
-    fn holds_lease(&self, now: Instant) -> bool {
-        Authority::holds_lease(self.core, now)
-    }
-
-    fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
-        if self.hide_previous { None } else { Authority::previous_home_of(self.core, key) }
     }
 }

@@ -54,13 +54,7 @@ impl Default for Options {
                 max_delegation_lease: Duration::from_millis(1000),
                 clock_rate_ppm: 10_000,
             },
-            locks: LockSettings {
-                delegation_lease_ms: 1000,
-                recall_grace_ms: 200,
-                idle_release_ms: 400,
-                lock_delay_ms: 0,
-                session_grace_ms: 1000,
-            },
+            locks: LockSettings { delegation_lease_ms: 1000, idle_release_ms: 400, lock_delay_ms: 0 },
         }
     }
 }
