@@ -32,7 +32,7 @@ use crate::wire::{
 
 /// Lost-handle events queued per subscribed connection before further ones are dropped.
 const EVENT_QUEUE: usize = 1024;
-/// How long a token check waits for the key's home.
+/// How long a token check waits for the key's home (or its holder) to answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an operator change may take before the client is told to look again.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -178,8 +178,12 @@ async fn answer(
             let (tx, rx) = oneshot::channel();
             shared.with_core(|core, now| core.check(now, key, token, tx)).map_err(lock_error)?;
             match tokio::time::timeout(CHECK_TIMEOUT, rx).await {
-                Ok(Ok(current)) => Ok(Response::Checked { current }),
-                _ => Err(ApiError::new(ErrorKind::Unavailable, "the key's home did not answer in time")),
+                Ok(Ok(Ok(answer))) => Ok(Response::Checked { answer }),
+                Ok(Ok(Err(refusal))) => Err(lock_error(LockError::Refused(refusal))),
+                _ => Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "the key's home or holder did not answer in time",
+                )),
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),

@@ -18,8 +18,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
-    LockError, Message as DMessage, RevokeReason, Ticket,
+    Body as DBody, CheckAnswer, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home,
+    HomeConfig, LockError, Message as DMessage, Refusal, RevokeReason, Ticket,
 };
 use keyhome_epoch::{Change, EpochNode, Event as EpochEvent, Instant, NodeId, ProposeError, Ready, Write};
 use serde::{Deserialize, Serialize};
@@ -65,6 +65,8 @@ pub struct PersistJob {
 
 /// Where the outcome of a pending lock goes.
 pub type LockReply = oneshot::Sender<Result<Handle, LockError>>;
+/// Where the answer to a token check goes: the answer, or why the key's home refused the check.
+pub type CheckReply = oneshot::Sender<Result<CheckAnswer, Refusal>>;
 
 /// Who owns a handle, so its loss can be reported to the right place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,7 +112,7 @@ pub struct Core {
     /// at once, passing the note on (nothing was done under them).
     abandoned: Vec<(HandleId, Option<Vec<u8>>)>,
     /// Pending token checks, by request id.
-    checks: HashMap<u64, oneshot::Sender<bool>>,
+    checks: HashMap<u64, CheckReply>,
     next_check: u64,
     /// The operator change in progress on this node.
     proposal: Option<oneshot::Sender<Result<u64, ProposeError>>>,
@@ -295,14 +297,15 @@ impl Core {
         result
     }
 
-    /// Asks `key`'s home whether `token` is the newest admission it knows of; the answer goes to
-    /// `reply`. Refused with `NoHome` when no epoch names a home.
+    /// Asks `key`'s home whether `key` is held with `token` now (the home may forward the question
+    /// to the key's holder, which then answers); the answer goes to `reply`. Refused with `NoHome`
+    /// when no epoch names a home.
     pub fn check(
         &mut self,
         now: Instant,
         key: Vec<u8>,
         token: FencingToken,
-        reply: oneshot::Sender<bool>,
+        reply: CheckReply,
     ) -> Result<(), LockError> {
         let home = self.epoch.home_of(&key).ok_or(LockError::NoHome)?;
         // Checks whose askers gave up (timed out) are forgotten here, the one place they pile up.
@@ -455,12 +458,12 @@ impl Core {
             | DBody::Check { .. }
             | DBody::Handover { .. }
             | DBody::HandoverAck { .. } => self.home.handle_message(now, from, message, &self.epoch),
-            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } => {
+            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
-            DBody::CheckReply { id, current, .. } => {
+            DBody::CheckReply { id, answer, .. } => {
                 if let Some(reply) = self.checks.remove(&id) {
-                    let _ = reply.send(current);
+                    let _ = reply.send(answer);
                 }
             }
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyhome_delegation::{FencingToken, HandleId, LockError};
+use keyhome_delegation::{CheckAnswer, FencingToken, HandleId, LockError};
 use keyhome_epoch::{Change, Instant, ProposeError};
 use tokio::sync::oneshot;
 
@@ -43,17 +43,19 @@ impl Node {
         Ok(LockGuard::new(&self.shared, handle))
     }
 
-    /// Whether `token` is the newest admission `key`'s home knows of.
+    /// Whether `key` is held with `token` now, and if not, whether it was superseded (see
+    /// [`CheckAnswer`]). A refusal by the key's home fails with [`LockError::Refused`].
     pub async fn check(
         &self,
         key: &[u8],
         token: FencingToken,
         timeout: Duration,
-    ) -> Result<bool, CheckError> {
+    ) -> Result<CheckAnswer, CheckError> {
         let (tx, rx) = oneshot::channel();
         self.shared.with_core(|core, now| core.check(now, key.to_vec(), token, tx))?;
         match tokio::time::timeout(timeout, rx).await {
-            Ok(Ok(current)) => Ok(current),
+            Ok(Ok(Ok(answer))) => Ok(answer),
+            Ok(Ok(Err(refusal))) => Err(CheckError::Lock(LockError::Refused(refusal))),
             _ => Err(CheckError::Timeout(timeout)),
         }
     }

@@ -334,6 +334,7 @@ impl LockWorld {
                         DBody::Grant { .. }
                         | DBody::Refuse { .. }
                         | DBody::Recall { .. }
+                        | DBody::Probe { .. }
                         | DBody::CheckReply { .. } => {
                             if let Some(holder) = slot.holder.as_mut() {
                                 holder.handle_message(now, from_id, message, &*core);
