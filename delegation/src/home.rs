@@ -941,41 +941,49 @@ impl Home {
         token: FencingToken,
         auth: &impl Authority,
     ) {
-        let found = match self.gate(now, from, 0, &key, Gate::Check, auth) {
+        let answer = match self.gate(now, from, 0, &key, Gate::Check, auth) {
             // Grants under an epoch this home has not learned are another home's.
             Ok(_) if token.epoch > auth.epoch() => Err(Refusal::StaleEpoch),
-            other => other,
-        };
-        let answer =
-            match found {
-                Err(reason) => Err(reason),
-                Ok(found) => match self.take_found(found) {
-                    None => Ok(CheckAnswer::UnknownKey),
-                    Some((k, mut e)) => {
-                        self.service(now, &k, &mut e, auth);
-                        let asked = Grantee::of(token);
-                        let last = match &e.phase {
-                            Phase::Held(live) if live.grantee == asked => {
-                                let holder = live.holder;
-                                self.send(holder, Body::Probe { key: k.to_vec(), id, token, asker: from });
-                                None
-                            }
-                            Phase::Held(Live { grantee: last, .. })
-                            | Phase::Delay { last, .. }
-                            | Phase::Free { last, .. } => Some(*last),
-                        };
-                        // A grantee above the last one was never issued; an equal one's delegation
-                        // has ended (its admissions are not known here).
-                        let answer = last.map(|last| {
-                            if asked < last { CheckAnswer::Superseded } else { CheckAnswer::NotHeld }
-                        });
-                        self.finish(now, k, e);
-                        let Some(answer) = answer else { return };
-                        Ok(answer)
+            Err(reason) => Err(reason),
+            Ok(found) => match self.take_found(found) {
+                None => Ok(CheckAnswer::UnknownKey),
+                Some((k, mut e)) => {
+                    self.service(now, &k, &mut e, auth);
+                    let answer = self.judge(&k, &e, from, id, token);
+                    self.finish(now, k, e);
+                    match answer {
+                        Some(answer) => Ok(answer),
+                        None => return,
                     }
-                },
-            };
+                }
+            },
+        };
         self.send(from, Body::CheckReply { key, id, answer });
+    }
+
+    /// What this home answers about `token` of key `e` (brought up to date), or `None` when it
+    /// forwarded check `id` of `asker` to the holder of the token's live delegation instead.
+    fn judge(
+        &mut self,
+        key: &KeyRef,
+        e: &Entry,
+        asker: NodeId,
+        id: u64,
+        token: FencingToken,
+    ) -> Option<CheckAnswer> {
+        let asked = Grantee::of(token);
+        let last = match &e.phase {
+            Phase::Held(live) if live.grantee == asked => {
+                self.send(live.holder, Body::Probe { key: key.to_vec(), id, token, asker });
+                return None;
+            }
+            Phase::Held(Live { grantee: last, .. })
+            | Phase::Delay { last, .. }
+            | Phase::Free { last, .. } => *last,
+        };
+        // A grantee above the last one was never issued; an equal one's delegation has ended (and
+        // its admissions are not known here).
+        Some(if asked < last { CheckAnswer::Superseded } else { CheckAnswer::NotHeld })
     }
 
     #[allow(clippy::too_many_arguments)]
