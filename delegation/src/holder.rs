@@ -57,6 +57,7 @@ use std::time::Duration;
 use keyhome_epoch::{Instant, NodeId};
 
 use crate::authority::Authority;
+use crate::check::{self, CheckAnswer};
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Message, Refusal};
 use crate::token::FencingToken;
@@ -354,6 +355,8 @@ struct Local {
     deadline: Instant,
     /// `now + ttl` as last asked: how far a renewed delegation may extend the deadline.
     until: Instant,
+    /// The handle's token, for token checks.
+    token: FencingToken,
 }
 
 #[derive(Debug)]
@@ -627,8 +630,8 @@ impl Holder {
 
     // ---- network and timers ----
 
-    /// Handles a message from `from` (authenticated by the driver). Grants, refusals and recalls
-    /// are the holder's business; other kinds are ignored.
+    /// Handles a message from `from` (authenticated by the driver). Grants, refusals, recalls and
+    /// probes are the holder's business; other kinds are ignored.
     pub fn handle_message<A: Authority + ?Sized>(
         &mut self,
         now: Instant,
@@ -643,6 +646,7 @@ impl Holder {
             }
             Body::Refuse { key, id, reason } => self.on_refuse(now, from, &key, id, reason, auth),
             Body::Recall { key, grantee } => self.on_recall(now, from, &key, grantee, auth),
+            Body::Probe { key, id, token, asker } => self.on_probe(now, key, id, token, asker, auth),
             _ => {}
         }
     }
@@ -1089,6 +1093,27 @@ impl Holder {
         }
         self.process(now, slot, auth);
     }
+
+    /// Answers check `id` of `asker` about `token`, which a home forwarded because it believes
+    /// this node holds the token's delegation (see [`crate::check`]). The key's state is brought
+    /// up to date first, so a handle past its deadline is not reported held. Anyone may ask: the
+    /// answer says no more than the home would, and costs one message.
+    fn on_probe<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        key: Vec<u8>,
+        id: u64,
+        token: FencingToken,
+        asker: NodeId,
+        auth: &A,
+    ) {
+        let slot = self.index.get(key.as_slice()).copied();
+        if let Some(slot) = slot {
+            self.process(now, slot, auth);
+        }
+        let answer = slot.and_then(|s| self.entry(s)).map_or(CheckAnswer::NotHeld, |e| e.judge(token));
+        self.io.send(asker, Body::CheckReply { key, id, answer: Ok(answer) });
+    }
 }
 
 /// Like [`retry_delay`], for a refused renewal. Only a refusal about where or when to ask is
@@ -1210,6 +1235,16 @@ impl Entry {
             && self.past.is_none()
     }
 
+    /// What a token check of this key's `token` answers, from the latest delegation this holder
+    /// knows of (held, or the one it had last): see [`crate::check::judge`].
+    fn judge(&self, token: FencingToken) -> CheckAnswer {
+        match (&self.deleg, &self.past) {
+            (Some(d), _) => check::judge(token, d.grantee, d.next_seq, self.local.as_ref().map(|l| l.token)),
+            (None, Some(p)) => check::judge(token, p.grantee, p.next_seq, None),
+            (None, None) => CheckAnswer::NotHeld,
+        }
+    }
+
     /// Whether some locker wants the delegation at `now`.
     fn wanted(&self, now: Instant) -> bool {
         !self.waiters.is_empty() || self.want_until.is_some_and(|until| now < until)
@@ -1256,7 +1291,7 @@ impl Entry {
         };
         d.last_activity = now;
         d.active = true;
-        self.local = Some(Local { serial, deadline, until });
+        self.local = Some(Local { serial, deadline, until, token });
         Handle { id: HandleId { serial, slot }, token, deadline, note, recovered }
     }
 

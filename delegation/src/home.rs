@@ -111,7 +111,11 @@
 //!   `HomeConfig::max_record_bytes` of notes; past either cap the record is not kept and the next
 //!   grant is `recovered`.
 //! - **Checks** answer anyone (a downstream resource need not be a member nor track epochs), so
-//!   the epoch and membership checks are skipped for them; every other check of a request applies.
+//!   the epoch and membership checks are skipped for them; every other check of a request applies,
+//!   and a token from an epoch later than the home's is refused [`Refusal::StaleEpoch`]. Refusals
+//!   come as a [`Body::CheckReply`] carrying the reason. A token of the live delegation is
+//!   forwarded to its holder ([`Body::Probe`]), which answers the asker; the home keeps nothing
+//!   for it. Otherwise the home answers from its record (see [`crate::check`]).
 //! - **Releases** are honoured whatever epoch they carry and from whomever the delegation was
 //!   granted to: they only ever shorten what the holder itself holds.
 //!
@@ -147,6 +151,7 @@ use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 use crate::authority::Authority;
+use crate::check::CheckAnswer;
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Handed, Key, Message, Refusal};
 use crate::token::FencingToken;
@@ -424,12 +429,15 @@ struct Queue {
     recall_next: Instant,
 }
 
+/// In `Delay` and `Free`, `last` is the key's last delegation this home knows of, for token checks
+/// ([`NO_GRANTEE`] if none): it is superseded by nothing yet, and supersedes every earlier one.
 #[derive(Debug)]
 enum Phase {
     Held(Live),
     /// Expired uncleanly; nothing is granted before `until`.
     Delay {
         until: Instant,
+        last: Grantee,
     },
     /// Not delegated. `note` and `recovered` are what the next grant carries; the record is kept
     /// until `until` (see [`Home::finish`] for which records are kept at all).
@@ -437,8 +445,12 @@ enum Phase {
         note: Option<Box<[u8]>>,
         recovered: bool,
         until: Instant,
+        last: Grantee,
     },
 }
+
+/// Below every grantee a home issues (grant counters start at 1): "no delegation known".
+const NO_GRANTEE: Grantee = Grantee { epoch: 0, incarnation: 0, counter: 0 };
 
 /// How far this home's record of a key can be trusted, and what it may do with the key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -561,7 +573,11 @@ impl Home {
                 self.on_handover(now, from, epoch, key, live, note, recovered, lock_delay, auth)
             }
             Body::HandoverAck { key } => self.on_ack(from, epoch, &key),
-            Body::Grant { .. } | Body::Refuse { .. } | Body::Recall { .. } | Body::CheckReply { .. } => {}
+            Body::Grant { .. }
+            | Body::Refuse { .. }
+            | Body::Recall { .. }
+            | Body::Probe { .. }
+            | Body::CheckReply { .. } => {}
         }
     }
 
@@ -636,8 +652,8 @@ impl Home {
                         self.moving.remove(&key.slot);
                         e.role = Role::Tracking;
                         forget_record(&mut e);
-                        if matches!(e.phase, Phase::Delay { .. }) {
-                            e.phase = Phase::Free { note: None, recovered: true, until: now };
+                        if let Phase::Delay { last, .. } = e.phase {
+                            e.phase = Phase::Free { note: None, recovered: true, until: now, last };
                         }
                     }
                 }
@@ -661,7 +677,7 @@ impl Home {
     pub fn status(&self, key: &[u8]) -> KeyStatus {
         match self.keys.get(key).map(|e| &e.phase) {
             Some(Phase::Held(live)) => KeyStatus::Held(live.view()),
-            Some(Phase::Delay { until }) => KeyStatus::LockDelay { until: *until },
+            Some(Phase::Delay { until, .. }) => KeyStatus::LockDelay { until: *until },
             Some(Phase::Free { note, recovered, .. }) => {
                 KeyStatus::Free { recovered: *recovered, note_len: note.as_ref().map(|n| n.len()) }
             }
@@ -691,7 +707,7 @@ impl Home {
     /// The end of `key`'s lock-delay (home clock), if it is in one.
     pub fn lock_delay_until(&self, key: &[u8]) -> Option<Instant> {
         match self.keys.get(key)?.phase {
-            Phase::Delay { until } => Some(until),
+            Phase::Delay { until, .. } => Some(until),
             _ => None,
         }
     }
@@ -791,7 +807,7 @@ impl Home {
             }
             let k = self.keys.create(found.hash, key.into_boxed_slice());
             let mut e = Entry {
-                phase: Phase::Free { note: None, recovered: true, until: now },
+                phase: Phase::Free { note: None, recovered: true, until: now, last: NO_GRANTEE },
                 queue: None,
                 wake: NEVER,
                 role: Role::Home,
@@ -854,7 +870,7 @@ impl Home {
                 return Ok(());
             }
             Phase::Held(_) => None,
-            Phase::Delay { until } => Some(*until),
+            Phase::Delay { until, .. } => Some(*until),
         };
         if e.queue.as_ref().is_some_and(|q| q.waiters.iter().any(|w| w.from == from && w.id == id)) {
             return Ok(()); // a duplicate: already queued
@@ -908,12 +924,14 @@ impl Home {
                 Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
                 n => (n.map(Vec::into_boxed_slice), recovered),
             };
-            self.set_free(now, &mut e, note, recovered);
+            self.set_free(now, &mut e, note, recovered, grantee);
             self.service(now, &k, &mut e, auth);
         }
         self.finish(now, k, e);
     }
 
+    /// Answers check `id` of `from` (see [`crate::check`]), or forwards it to the holder of the
+    /// live delegation `token` belongs to: only that holder knows the admissions under it.
     fn on_check(
         &mut self,
         now: Instant,
@@ -923,24 +941,49 @@ impl Home {
         token: FencingToken,
         auth: &impl Authority,
     ) {
-        let found = match self.gate(now, from, 0, &key, Gate::Check, auth) {
-            Ok(found) => found,
-            Err(reason) => {
-                self.refuse(from, key, id, reason);
-                return;
-            }
+        let answer = match self.gate(now, from, 0, &key, Gate::Check, auth) {
+            // Grants under an epoch this home has not learned are another home's.
+            Ok(_) if token.epoch > auth.epoch() => Err(Refusal::StaleEpoch),
+            Err(reason) => Err(reason),
+            Ok(found) => match self.take_found(found) {
+                None => Ok(CheckAnswer::UnknownKey),
+                Some((k, mut e)) => {
+                    self.service(now, &k, &mut e, auth);
+                    let answer = self.judge(&k, &e, from, id, token);
+                    self.finish(now, k, e);
+                    match answer {
+                        Some(answer) => Ok(answer),
+                        None => return,
+                    }
+                }
+            },
         };
-        let mut current = false;
-        if let Some((k, mut e)) = self.take_found(found) {
-            self.service(now, &k, &mut e, auth);
-            if let Phase::Held(live) = &e.phase {
-                let g = live.grantee;
-                current =
-                    (g.epoch, g.incarnation, g.counter) == (token.epoch, token.incarnation, token.counter);
+        self.send(from, Body::CheckReply { key, id, answer });
+    }
+
+    /// What this home answers about `token` of key `e` (brought up to date), or `None` when it
+    /// forwarded check `id` of `asker` to the holder of the token's live delegation instead.
+    fn judge(
+        &mut self,
+        key: &KeyRef,
+        e: &Entry,
+        asker: NodeId,
+        id: u64,
+        token: FencingToken,
+    ) -> Option<CheckAnswer> {
+        let asked = Grantee::of(token);
+        let last = match &e.phase {
+            Phase::Held(live) if live.grantee == asked => {
+                self.send(live.holder, Body::Probe { key: key.to_vec(), id, token, asker });
+                return None;
             }
-            self.finish(now, k, e);
-        }
-        self.send(from, Body::CheckReply { key, id, current });
+            Phase::Held(Live { grantee: last, .. })
+            | Phase::Delay { last, .. }
+            | Phase::Free { last, .. } => *last,
+        };
+        // A grantee above the last one was never issued; an equal one's delegation has ended (and
+        // its admissions are not known here).
+        Some(if asked < last { CheckAnswer::Superseded } else { CheckAnswer::NotHeld })
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -983,7 +1026,7 @@ impl Home {
             let ppm = auth.timing().clock_rate_ppm;
             let k = self.keys.create(found.hash, Box::from(key.as_slice()));
             let mut e = Entry {
-                phase: Phase::Free { note: None, recovered: true, until: now },
+                phase: Phase::Free { note: None, recovered: true, until: now, last: NO_GRANTEE },
                 queue: None,
                 wake: NEVER,
                 role: Role::Adopted,
@@ -994,8 +1037,10 @@ impl Home {
                     let live = Live { holder: h.holder, grantee: h.grantee, id: h.id, end };
                     e.phase = Phase::Held(live);
                 }
-                None if !lock_delay.is_zero() => e.phase = Phase::Delay { until: now + lock_delay },
-                None => self.set_free(now, &mut e, note.map(Vec::into_boxed_slice), recovered),
+                None if !lock_delay.is_zero() => {
+                    e.phase = Phase::Delay { until: now + lock_delay, last: NO_GRANTEE }
+                }
+                None => self.set_free(now, &mut e, note.map(Vec::into_boxed_slice), recovered, NO_GRANTEE),
             }
             self.service(now, &k, &mut e, auth);
             self.finish(now, k, e);
@@ -1111,13 +1156,21 @@ impl Home {
         self.send(from, Body::Grant { key: key.to_vec(), id, grantee, lease, note, recovered });
     }
 
-    /// Makes `e` free with what the next grant carries, within the record caps.
-    fn set_free(&mut self, now: Instant, e: &mut Entry, note: Option<Box<[u8]>>, recovered: bool) {
+    /// Makes `e` free with what the next grant carries, within the record caps; `last` is the
+    /// delegation that just ended.
+    fn set_free(
+        &mut self,
+        now: Instant,
+        e: &mut Entry,
+        note: Option<Box<[u8]>>,
+        recovered: bool,
+        last: Grantee,
+    ) {
         let over_bytes =
             note.as_ref().is_some_and(|n| self.counts.record_bytes + n.len() > self.config.max_record_bytes);
         let over_count = self.counts.records >= self.config.max_records && e.role != Role::Moved;
         let (note, recovered) = if over_bytes || over_count { (None, true) } else { (note, recovered) };
-        e.phase = Phase::Free { note, recovered, until: now + self.config.record_retention };
+        e.phase = Phase::Free { note, recovered, until: now + self.config.record_retention, last };
     }
 
     /// Brings `e` up to date at `now`: expiries, lock-delay ends, grants to queued requesters,
@@ -1128,11 +1181,12 @@ impl Home {
         loop {
             match &e.phase {
                 Phase::Held(live) if now >= live.end => {
-                    let end = live.end;
-                    self.expire(now, key, e, end);
+                    let (end, last) = (live.end, live.grantee);
+                    self.expire(now, key, e, end, last);
                 }
-                Phase::Delay { until } if now >= *until => {
-                    self.set_free(now, e, None, true);
+                Phase::Delay { until, last } if now >= *until => {
+                    let last = *last;
+                    self.set_free(now, e, None, true, last);
                 }
                 Phase::Free { .. } if e.queue.is_some() => self.promote(now, key, e, auth),
                 _ => break,
@@ -1152,15 +1206,15 @@ impl Home {
         }
     }
 
-    /// The delegation of `e` reached its conservative end `end` (at or before `now`).
-    fn expire(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, end: Instant) {
+    /// The delegation `last` of `e` reached its conservative end `end` (at or before `now`).
+    fn expire(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, end: Instant, last: Grantee) {
         let lock_delay = self.config.lock_delay;
         if lock_delay.is_zero() || matches!(e.role, Role::Tracking) {
-            self.set_free(now, e, None, true);
+            self.set_free(now, e, None, true, last);
             return;
         }
         let until = end + lock_delay;
-        e.phase = Phase::Delay { until };
+        e.phase = Phase::Delay { until, last };
         if until > now {
             // Those who would stop waiting before the delay ends hear so now.
             let remaining = until.saturating_duration_since(now);
@@ -1231,7 +1285,7 @@ impl Home {
                 let handed = Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining };
                 (Some(handed), None, false, Duration::ZERO)
             }
-            Phase::Delay { until } => (None, None, true, until.saturating_duration_since(now)),
+            Phase::Delay { until, .. } => (None, None, true, until.saturating_duration_since(now)),
             Phase::Free { note, recovered, .. } => {
                 (None, note.as_deref().map(<[u8]>::to_vec), *recovered, Duration::ZERO)
             }
@@ -1240,7 +1294,7 @@ impl Home {
             // Nothing live to protect: forget the key; the new home waits out the activation.
             self.moving.remove(&key.slot);
             e.role = Role::Tracking;
-            e.phase = Phase::Free { note: None, recovered: true, until: now };
+            e.phase = Phase::Free { note: None, recovered: true, until: now, last: NO_GRANTEE };
             return;
         }
         // Only sends without a live delegation count towards giving up.
@@ -1290,7 +1344,7 @@ impl Home {
     fn finish(&mut self, now: Instant, key: KeyRef, mut e: Entry) {
         let keep = match &e.phase {
             Phase::Held(_) | Phase::Delay { .. } => true,
-            Phase::Free { note, recovered, until } => match e.role {
+            Phase::Free { note, recovered, until, .. } => match e.role {
                 Role::Moved => true,
                 Role::Tracking => false,
                 Role::Adopted => now < *until,
@@ -1331,7 +1385,7 @@ impl Home {
                 let recall = e.queue.as_ref().map(|q| q.recall_next);
                 [Some(live.end), first_deadline, recall].into_iter().flatten().min()
             }
-            Phase::Delay { until } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
+            Phase::Delay { until, .. } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
             Phase::Free { until, .. } => (e.role != Role::Moved).then_some(*until),
         };
         let handover = self.moving.get(&key.slot).map(|m| m.next_send);

@@ -4,12 +4,14 @@
 //! - [`message`]: what homes and holders say to each other.
 //! - [`authority`]: what this layer asks of the epoch layer.
 //! - [`limits`]: caps on everything a peer or client can make a node allocate.
+//! - [`check`]: the [`CheckAnswer`] a token check gets.
 //! - [`guard`]: the [`TokenGuard`] a downstream resource embeds.
 //! - [`home`]: the [`Home`], a key's home side: grants, queues, recalls, expiries, handovers.
 //! - [`holder`]: the holder side of delegations and the local lock table ([`Holder`]).
 
 pub mod authority;
 pub mod bugs;
+pub mod check;
 pub mod guard;
 pub mod holder;
 pub mod home;
@@ -19,6 +21,7 @@ pub mod token;
 
 pub use authority::Authority;
 pub use bugs::Bugs;
+pub use check::CheckAnswer;
 pub use guard::{Stale, TokenGuard};
 pub use holder::{
     DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,

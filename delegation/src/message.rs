@@ -8,6 +8,7 @@ use std::time::Duration;
 use keyhome_epoch::NodeId;
 use serde::{Deserialize, Serialize};
 
+use crate::check::CheckAnswer;
 use crate::token::FencingToken;
 
 /// A key, as the application names it: at most [`crate::limits::Limits::max_key_len`] bytes.
@@ -26,6 +27,11 @@ impl Grantee {
     /// The token of the `local_seq`-th admission under this delegation.
     pub fn token(self, local_seq: u64) -> FencingToken {
         FencingToken { epoch: self.epoch, incarnation: self.incarnation, counter: self.counter, local_seq }
+    }
+
+    /// The delegation `token` was admitted under.
+    pub fn of(token: FencingToken) -> Grantee {
+        Grantee { epoch: token.epoch, incarnation: token.incarnation, counter: token.counter }
     }
 }
 
@@ -61,10 +67,18 @@ pub enum Body {
     /// or it is a grant handed back after the sender's delegation expired). A hand-back of an
     /// unused grant passes on the `note` and `recovered` it received.
     Release { key: Key, grantee: Grantee, note: Option<Vec<u8>>, recovered: bool },
-    /// Anyone → home: is `token` the newest admission the home knows of for `key`?
+    /// Anyone → home: is `key` held with `token` now, and if not, was it superseded? See
+    /// [`crate::check`]. The home answers with `CheckReply`, or forwards a `Probe` to the holder
+    /// of the live delegation `token` belongs to.
     Check { key: Key, id: u64, token: FencingToken },
-    /// Home → asker: the answer to check `id`.
-    CheckReply { key: Key, id: u64, current: bool },
+    /// Home → holder: answer check `id` of `asker` about `token`, which belongs to the delegation
+    /// of `key` the home believes the receiver holds. The receiver answers `asker` directly with
+    /// `CheckReply`.
+    Probe { key: Key, id: u64, token: FencingToken, asker: NodeId },
+    /// Home or holder → asker: the answer to check `id`, or why the home refused it (the same
+    /// refusals as a request's, but never `StaleEpoch` for the message's epoch: a check may
+    /// come from anyone; `StaleEpoch` says the token is from an epoch the home has not learned).
+    CheckReply { key: Key, id: u64, answer: Result<CheckAnswer, Refusal> },
     /// Old home → new home, after an epoch change moved `key` away from the sender: everything
     /// the sender knows of the key, so the new home need not wait out the old epoch's leases.
     ///

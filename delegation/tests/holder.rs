@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use keyhome_delegation::holder::{Event, Handle, Holder, HolderConfig, LockError, LockOutcome, Ticket};
-use keyhome_delegation::{Authority, Body, FencingToken, Grantee, Message, Refusal};
+use keyhome_delegation::{Authority, Body, CheckAnswer, FencingToken, Grantee, Message, Refusal};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- allocation counting (rule 8) ----
@@ -1352,4 +1352,69 @@ fn no_timer_spin_over_a_long_run() {
     assert!(wakeups < 2 * admissions, "{wakeups} wake-ups");
     assert!(now < busy_until + secs(60), "the idle key was dropped soon after the work stopped");
     assert_eq!(h.tracked_keys(), 0);
+}
+
+// ---- token checks: the holder answers a home's probe ----
+
+/// The asker of the probes below: some other node.
+const ASKER: NodeId = NodeId(9);
+
+/// Probes the holder about `key`'s `token` at `now` as the home would; returns the answer, which
+/// must go to the asker alone, as the one message sent.
+fn probe(h: &mut Holder, auth: &Script, now: Instant, key: &[u8], token: FencingToken) -> CheckAnswer {
+    let body = Body::Probe { key: key.to_vec(), id: 77, token, asker: ASKER };
+    h.handle_message(now, HOME, Message { epoch: EPOCH, body }, auth);
+    match &sent(h)[..] {
+        [(ASKER, Body::CheckReply { key: k, id: 77, answer: Ok(answer) })] if k == key => *answer,
+        other => panic!("expected one answer to the asker, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_probe_is_answered_exactly_from_the_local_lock_table() {
+    let auth = Script::new();
+    let mut h = holder();
+    let g = grantee(1);
+    let (first, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    assert_eq!(probe(&mut h, &auth, at(1), b"k", g.token(0)), CheckAnswer::HeldNow);
+    h.unlock(at(2), first.id, None).unwrap();
+    assert_eq!(
+        probe(&mut h, &auth, at(3), b"k", g.token(0)),
+        CheckAnswer::NotHeld,
+        "unlocked, nothing later"
+    );
+    // Two local re-locks under the same delegation, which the home never hears of.
+    let second = locked(h.lock(at(4), b"k", secs(60), secs(1), &auth));
+    h.unlock(at(5), second.id, None).unwrap();
+    let third = locked(h.lock(at(6), b"k", ms(100), secs(1), &auth));
+    assert_eq!(third.token, g.token(2));
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", g.token(0)), CheckAnswer::Superseded, "re-locked since");
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", g.token(1)), CheckAnswer::Superseded);
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", g.token(2)), CheckAnswer::HeldNow);
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", g.token(3)), CheckAnswer::NotHeld, "never issued");
+    let earlier = Grantee { epoch: EPOCH - 1, incarnation: 9, counter: 9 };
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", earlier.token(5)), CheckAnswer::Superseded, "earlier epoch");
+    let later = grantee(2);
+    assert_eq!(probe(&mut h, &auth, at(7), b"k", later.token(0)), CheckAnswer::NotHeld);
+    assert_eq!(probe(&mut h, &auth, at(7), b"other", g.token(2)), CheckAnswer::NotHeld, "no such key here");
+    // Past its deadline (at(106)) the handle is not held, though no timer has run yet.
+    assert_eq!(probe(&mut h, &auth, at(106) - NS, b"k", g.token(2)), CheckAnswer::HeldNow);
+    assert_eq!(probe(&mut h, &auth, at(106), b"k", g.token(2)), CheckAnswer::NotHeld);
+    assert_eq!(events(&mut h).len(), 1, "the expiry is reported as usual");
+}
+
+#[test]
+fn a_probe_after_the_release_still_knows_the_local_re_locks() {
+    let auth = Script::new();
+    let mut h = holder();
+    let g = grantee(1);
+    let (first, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    h.unlock(at(1), first.id, None).unwrap();
+    let second = locked(h.lock(at(2), b"k", secs(60), secs(1), &auth));
+    h.unlock(at(3), second.id, None).unwrap();
+    // Idle: released (the home may still think it live while the Release is in flight).
+    tick(&mut h, &auth, at(2_003));
+    assert_eq!(one_release(&mut h).2, g);
+    assert_eq!(probe(&mut h, &auth, at(2_004), b"k", g.token(0)), CheckAnswer::Superseded);
+    assert_eq!(probe(&mut h, &auth, at(2_004), b"k", g.token(1)), CheckAnswer::NotHeld);
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
 use keyhome_delegation::{
-    Authority, Body, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, KeyStatus, Limits, Message,
-    Refusal,
+    Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, KeyStatus,
+    Limits, Message, Refusal,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
@@ -699,36 +699,141 @@ fn lock_delay_without_waiters_then_the_key_is_free() {
 
 // ---- rule 6: check ----
 
+/// Sends check 5 about `key`'s `token` from `X` (anyone may ask) at `t`; returns what the home sent.
+fn check(home: &mut Home, auth: &Script, t: Instant, key: &[u8], token: FencingToken) -> Vec<(NodeId, Body)> {
+    home.handle_message(
+        t,
+        X,
+        Message { epoch: 1, body: Body::Check { key: key.to_vec(), id: 5, token } },
+        auth,
+    );
+    drain(home)
+}
+
+/// The home's own answer to check 5: exactly one reply, to the asker.
+fn answer(
+    home: &mut Home,
+    auth: &Script,
+    t: Instant,
+    key: &[u8],
+    token: FencingToken,
+) -> Result<CheckAnswer, Refusal> {
+    match &check(home, auth, t, key, token)[..] {
+        [(X, Body::CheckReply { key: k, id: 5, answer })] if k == key => *answer,
+        other => panic!("expected the home's answer to X, got {other:?}"),
+    }
+}
+
+/// The probe the home forwards to `holder` instead of answering check 5.
+fn probed(home: &mut Home, auth: &Script, t: Instant, key: &[u8], token: FencingToken) -> NodeId {
+    match &check(home, auth, t, key, token)[..] {
+        [(to, Body::Probe { key: k, id: 5, token: tk, asker: X })] if k == key && *tk == token => *to,
+        other => panic!("expected a probe for X, got {other:?}"),
+    }
+}
+
 #[test]
-fn check_says_whether_a_token_is_current() {
+fn a_check_of_the_live_delegation_is_forwarded_to_its_holder() {
     let mut home = home();
     let auth = Script::new(H);
     let g = grant(&mut home, &auth, at(0), A, b"k", 1);
-    let check = |key: &[u8], id, token: FencingToken| Message {
-        epoch: 1,
-        body: Body::Check { key: key.to_vec(), id, token },
-    };
-    let ask = |home: &mut Home, key: &[u8], token, t| {
-        home.handle_message(t, X, check(key, 5, token), &auth); // anyone may ask
-        match &drain(home)[..] {
-            [(X, Body::CheckReply { id: 5, current, .. })] => *current,
-            other => panic!("{other:?}"),
-        }
-    };
-    assert!(ask(&mut home, b"k", g.token(17), at(1)), "any admission under the live delegation");
-    assert!(!ask(&mut home, b"k", Grantee { counter: 0, ..g }.token(0), at(1)));
-    assert!(!ask(&mut home, b"k", Grantee { epoch: 2, ..g }.token(0), at(1)));
-    assert!(!ask(&mut home, b"other", g.token(0), at(1)));
+    // Every admission under the live delegation: only the holder knows its local re-locks.
+    for seq in [0, 1, 17] {
+        assert_eq!(probed(&mut home, &auth, at(1), b"k", g.token(seq)), A);
+    }
+    // The home keeps nothing for it: its answer goes from the holder to the asker.
+    assert_eq!(home.tracked_keys(), 1);
+    // A holder that never answers: once its delegation ends the home answers by itself.
+    let end = end_of(at(0), ms(500));
+    assert_eq!(probed(&mut home, &auth, end - Duration::from_nanos(1), b"k", g.token(0)), A);
+    assert_eq!(answer(&mut home, &auth, end, b"k", g.token(0)), Ok(CheckAnswer::NotHeld), "expired");
+    assert_eq!(answer(&mut home, &auth, end, b"k", g.token(0)), Ok(CheckAnswer::UnknownKey), "and forgotten");
+}
+
+#[test]
+fn the_home_answers_superseded_not_held_and_unknown_by_itself() {
+    let mut home = home();
+    let mut config = HomeConfig::new(H);
+    config.lock_delay = ms(100);
+    let mut delayed = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    assert_eq!(
+        answer(&mut home, &auth, at(0), b"k", Grantee { epoch: 1, incarnation: 1, counter: 1 }.token(0)),
+        Ok(CheckAnswer::UnknownKey)
+    );
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    let earlier = [
+        Grantee { counter: g.counter - 1, ..g },
+        Grantee { incarnation: g.incarnation - 1, counter: 99, ..g },
+        Grantee { epoch: g.epoch - 1, incarnation: 99, counter: 99 },
+    ];
+    for e in earlier {
+        assert_eq!(answer(&mut home, &auth, at(1), b"k", e.token(9)), Ok(CheckAnswer::Superseded), "{e:?}");
+    }
+    let later = Grantee { counter: g.counter + 1, ..g };
+    assert_eq!(
+        answer(&mut home, &auth, at(1), b"k", later.token(0)),
+        Ok(CheckAnswer::NotHeld),
+        "never issued"
+    );
+    assert_eq!(answer(&mut home, &auth, at(1), b"other", g.token(0)), Ok(CheckAnswer::UnknownKey));
+    // Released cleanly: the record names the delegation (the local admissions under it are not
+    // known), which supersedes every earlier one.
     home.handle_message(at(2), A, release(1, b"k", g, None), &auth);
-    assert!(!ask(&mut home, b"k", g.token(17), at(3)), "released");
-    let g2 = grant(&mut home, &auth, at(4), A, b"k", 2);
-    assert!(ask(&mut home, b"k", g2.token(0), end_of(at(4), ms(500)) - Duration::from_nanos(1)));
-    assert!(!ask(&mut home, b"k", g2.token(0), end_of(at(4), ms(500))), "expired");
-    // Not this node's key: refused, not answered.
-    let mut moved = auth.clone();
-    moved.home = Some(N);
-    home.handle_message(at(5), X, check(b"k", 6, g2.token(0)), &moved);
-    assert_eq!(the_refusal(&mut home, X), (6, Refusal::NotHome));
+    assert_eq!(answer(&mut home, &auth, at(3), b"k", g.token(0)), Ok(CheckAnswer::NotHeld));
+    assert_eq!(answer(&mut home, &auth, at(3), b"k", earlier[0].token(0)), Ok(CheckAnswer::Superseded));
+    // A later delegation supersedes every token of the earlier one.
+    let g2 = grant(&mut home, &auth, at(4), B, b"k", 2);
+    assert_eq!(answer(&mut home, &auth, at(5), b"k", g.token(40)), Ok(CheckAnswer::Superseded));
+    assert_eq!(probed(&mut home, &auth, at(5), b"k", g2.token(0)), B);
+    // In lock-delay nothing is delegated.
+    let d = grant(&mut delayed, &auth, at(0), A, b"k", 1);
+    let end = end_of(at(0), ms(500));
+    assert_eq!(answer(&mut delayed, &auth, end, b"k", d.token(0)), Ok(CheckAnswer::NotHeld));
+    let before_d = Grantee { counter: d.counter - 1, ..d };
+    assert_eq!(answer(&mut delayed, &auth, end, b"k", before_d.token(0)), Ok(CheckAnswer::Superseded));
+    assert_eq!(delayed.status(b"k"), KeyStatus::LockDelay { until: end + ms(100) });
+}
+
+#[test]
+fn a_check_the_home_cannot_answer_is_refused_in_the_reply() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    // A token of an epoch this home has not learned: another home's grant.
+    let newer = Grantee { epoch: 2, incarnation: 1, counter: 1 };
+    assert_eq!(answer(&mut home, &auth, at(1), b"k", newer.token(0)), Err(Refusal::StaleEpoch));
+    let long = vec![b'k'; Limits::DEFAULT.max_key_len + 1];
+    assert_eq!(answer(&mut home, &auth, at(1), &long, g.token(0)), Err(Refusal::KeyTooLong));
+    auth.home = Some(N);
+    assert_eq!(answer(&mut home, &auth, at(1), b"k", g.token(0)), Err(Refusal::NotHome));
+    // A restarted home in its quarantine has forgotten its delegations.
+    let mut restarted = Home::new(HomeConfig::new(H), at(2));
+    let auth = Script::new(H);
+    let left = restarted.quarantine_end(&TIMING).saturating_duration_since(at(3));
+    assert_eq!(answer(&mut restarted, &auth, at(3), b"k", g.token(0)), Err(Refusal::Quarantine(left)));
+}
+
+#[test]
+fn a_token_from_before_a_handoff_is_judged_by_the_new_home() {
+    let (mut new, mut auth, g) = adopting();
+    drain(&mut new);
+    // The adopted delegation's holder answers for its tokens; older ones are superseded.
+    assert_eq!(probed(&mut new, &auth, at(11), b"k", g.token(3)), A);
+    let older = Grantee { counter: 8, ..g };
+    assert_eq!(answer(&mut new, &auth, at(11), b"k", older.token(0)), Ok(CheckAnswer::Superseded));
+    // Released and granted again under epoch 2: every epoch-1 token is superseded.
+    new.handle_message(at(12), A, release(2, b"k", g, None), &auth);
+    new.handle_message(at(13), B, request(2, b"k", 2, ms(500), ms(0), None), &auth);
+    let g2 = the_grant(&mut new, B).1;
+    assert!(g2 > g);
+    assert_eq!(answer(&mut new, &auth, at(14), b"k", g.token(3)), Ok(CheckAnswer::Superseded));
+    // A new home with no record of the key (no handover) answers only once active, then
+    // `UnknownKey`: every earlier delegation has ended by then.
+    let mut fresh = Home::new(HomeConfig::new(N), Instant::ZERO);
+    assert_eq!(answer(&mut fresh, &auth, at(11), b"k", g.token(3)), Err(Refusal::Activating));
+    auth.active = true;
+    assert_eq!(answer(&mut fresh, &auth, at(11), b"k", g.token(3)), Ok(CheckAnswer::UnknownKey));
 }
 
 // ---- rule 7: epoch changes and handovers ----
@@ -898,8 +1003,9 @@ fn the_new_home_adopts_and_regrants_right_after_the_release() {
     assert_eq!(the_refusal(&mut new, C), (1, Refusal::Activating));
 }
 
-#[test]
-fn an_adopted_delegation_is_kept_to_its_widened_end() {
+/// A new home (`N`, epoch 2, activation wait still running) that adopted at `at(10)` the live
+/// delegation of `b"k"` held by `A`, with 400 ms left, from the previous home `H`.
+fn adopting() -> (Home, Script, Grantee) {
     let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
     let mut auth = Script::new(N);
     auth.epoch = 2;
@@ -914,6 +1020,12 @@ fn an_adopted_delegation_is_kept_to_its_widened_end() {
         lock_delay: Duration::ZERO,
     };
     new.handle_message(at(10), H, Message { epoch: 2, body }, &auth);
+    (new, auth, g)
+}
+
+#[test]
+fn an_adopted_delegation_is_kept_to_its_widened_end() {
+    let (mut new, auth, g) = adopting();
     new.handle_message(at(20), B, request(2, b"k", 2, ms(500), Duration::from_secs(2), None), &auth);
     drain(&mut new);
     let end = at(10) + rate_margin(ms(400), TIMING.clock_rate_ppm);

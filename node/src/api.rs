@@ -41,7 +41,7 @@ use crate::wire::{
 
 /// Lost-handle events queued per subscribed connection before further ones are dropped.
 const EVENT_QUEUE: usize = 1024;
-/// How long a token check waits for the key's home.
+/// How long a token check waits for the key's home (or its holder) to answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an operator change may take before the client is told to look again.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -215,8 +215,12 @@ async fn answer(
                 })
                 .map_err(lock_error)?;
             match rx.await {
-                Ok(Some(current)) => Ok(Response::Checked { current }),
-                _ => Err(ApiError::new(ErrorKind::Unavailable, "the key's home did not answer in time")),
+                Ok(Some(Ok(answer))) => Ok(Response::Checked { answer }),
+                Ok(Some(Err(refusal))) => Err(lock_error(LockError::Refused(refusal))),
+                _ => Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "the key's home or holder did not answer in time",
+                )),
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),

@@ -15,7 +15,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use keyhome_delegation::FencingToken;
+use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, EpochRecord, NodeId};
 use rustls::pki_types::CertificateDer;
 
@@ -137,10 +137,11 @@ impl Client {
         }
     }
 
-    /// Whether `token` is the newest admission of `key` its home knows of.
-    pub async fn check(&self, key: &[u8], token: FencingToken) -> Result<bool, ClientError> {
+    /// Whether `key` is held with `token` now, and if not, whether it was superseded (see
+    /// [`CheckAnswer`]).
+    pub async fn check(&self, key: &[u8], token: FencingToken) -> Result<CheckAnswer, ClientError> {
         match self.call(&Request::Check { key: key.to_vec(), token }).await? {
-            Response::Checked { current } => Ok(current),
+            Response::Checked { answer } => Ok(answer),
             _ => Err(ClientError::Unexpected),
         }
     }

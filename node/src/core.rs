@@ -34,8 +34,8 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
-    LockError, LockOutcome, Message as DMessage, Ticket,
+    Body as DBody, CheckAnswer, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home,
+    HomeConfig, LockError, LockOutcome, Message as DMessage, Refusal, Ticket,
 };
 use keyhome_epoch::{
     Change, EpochNode, EpochRecord, Event as EpochEvent, Instant, Member, Message as EpochMessage, NodeId,
@@ -73,6 +73,9 @@ pub struct ClientOwner {
     pub identity: u64,
 }
 
+/// A token check's answer: the answer, or why the key's home refused the check.
+pub type CheckReply = Result<CheckAnswer, Refusal>;
+
 /// Who a lock is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Owner {
@@ -109,11 +112,10 @@ pub enum Output {
         ticket: Ticket,
         result: Result<Handle, LockError>,
     },
-    /// Whether the checked token is the newest admission the key's home knows of; `None` when the
-    /// home did not answer within the check's timeout.
+    /// The answer to token check `id`; `None` when nobody answered within its timeout.
     CheckDone {
         id: u64,
-        current: Option<bool>,
+        answer: Option<CheckReply>,
     },
     ProposalDone {
         result: Result<u64, ProposeError>,
@@ -386,10 +388,10 @@ impl Core {
             .is_some_and(|d| d.recalling)
     }
 
-    /// Asks `key`'s home whether `token` is the newest admission it knows of; the answer comes
-    /// as [`Output::CheckDone`] with the returned id, `None` if the home does not answer within
-    /// `timeout`. Refused with `NoHome` when no epoch names a home, `QueueFull` past
-    /// [`MAX_PENDING_CHECKS`].
+    /// Asks whether `key` is held with `token` now: its home answers, or forwards the question to
+    /// the key's holder, which answers. The answer comes as [`Output::CheckDone`] with the
+    /// returned id, `None` if nobody answers within `timeout`. Refused with `NoHome` when no
+    /// epoch names a home, `QueueFull` past [`MAX_PENDING_CHECKS`].
     pub fn check(
         &mut self,
         now: Instant,
@@ -565,12 +567,12 @@ impl Core {
             | DBody::Check { .. }
             | DBody::Handover { .. }
             | DBody::HandoverAck { .. } => self.home.handle_message(now, from, message, &self.epoch),
-            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } => {
+            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
-            DBody::CheckReply { id, current, .. } => {
+            DBody::CheckReply { id, answer, .. } => {
                 if self.checks.remove(&id) {
-                    self.out.push_back(Output::CheckDone { id, current: Some(current) });
+                    self.out.push_back(Output::CheckDone { id, answer: Some(answer) });
                 }
             }
         }
@@ -622,7 +624,7 @@ impl Core {
             {
                 self.check_deadlines.pop();
                 if self.checks.remove(&id) {
-                    self.out.push_back(Output::CheckDone { id, current: None });
+                    self.out.push_back(Output::CheckDone { id, answer: None });
                 }
             }
             self.drain(now);

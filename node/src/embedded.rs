@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyhome_delegation::{FencingToken, HandleId, LockError};
+use keyhome_delegation::{CheckAnswer, FencingToken, HandleId, LockError};
 use keyhome_epoch::{Change, Instant, ProposeError};
 use tokio::sync::oneshot;
 
@@ -37,13 +37,14 @@ impl Node {
         Ok(LockGuard::new(&self.shared, handle))
     }
 
-    /// Whether `token` is the newest admission `key`'s home knows of.
+    /// Whether `key` is held with `token` now, and if not, whether it was superseded (see
+    /// [`CheckAnswer`]). A refusal by the key's home fails with [`LockError::Refused`].
     pub async fn check(
         &self,
         key: &[u8],
         token: FencingToken,
         timeout: Duration,
-    ) -> Result<bool, CheckError> {
+    ) -> Result<CheckAnswer, CheckError> {
         let (tx, rx) = oneshot::channel();
         self.shared.with_core(|d, now| {
             let id = d.core.check(now, key.to_vec(), token, timeout)?;
@@ -51,7 +52,8 @@ impl Node {
             Ok::<_, LockError>(())
         })?;
         match rx.await {
-            Ok(Some(current)) => Ok(current),
+            Ok(Some(Ok(answer))) => Ok(answer),
+            Ok(Some(Err(refusal))) => Err(CheckError::Lock(LockError::Refused(refusal))),
             _ => Err(CheckError::Timeout(timeout)),
         }
     }

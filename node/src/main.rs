@@ -10,13 +10,19 @@ use keyhome::config::{ClientProfile, LockSettings, NodeConfig};
 use keyhome::pki::Role;
 use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
 use keyhome::{Node, setup};
-use keyhome_delegation::FencingToken;
+use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, Member, NodeId, Timing};
 
 /// Exit status when the lock could not be taken within `--wait`.
 const EXIT_NOT_LOCKED: u8 = 3;
 /// Exit status when the lock was lost while the command ran (the command was signalled).
 const EXIT_LOST: u8 = 4;
+/// `keyhome token check` exits 0 when the key is held with the token now, and with one of these
+/// otherwise, clear of 1 (any error: no answer in time, a refusal), 2 (a usage error) and the
+/// statuses of `keyhome lock`.
+const EXIT_SUPERSEDED: u8 = 5;
+const EXIT_NOT_HELD: u8 = 6;
+const EXIT_UNKNOWN_KEY: u8 = 7;
 
 #[derive(Parser)]
 #[command(name = "keyhome", version, about = "A distributed lock service with delegated key homes")]
@@ -227,7 +233,9 @@ struct ProposeArgs {
 
 #[derive(Subcommand)]
 enum TokenCommand {
-    /// Ask KEY's home whether TOKEN is still the newest admission of KEY.
+    /// Ask whether KEY is held with TOKEN now. Exits 0 if it is, 5 if a later lock of KEY was
+    /// admitted, 6 if TOKEN's lock ended and no later one is known, 7 if KEY's home has no record
+    /// of KEY (not held either), 1 if no answer came.
     Check {
         #[command(flatten)]
         profile: ProfileArg,
@@ -356,16 +364,21 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Token(TokenCommand::Check { profile, key, token }) => {
-            let current = connect(&profile.profile).await?.check(key.as_bytes(), token).await?;
-            if current {
-                println!("{token} is the current token of {key:?}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                println!(
-                    "{token} is NOT the current token of {key:?}: a later holder exists or it is unknown"
-                );
-                Ok(ExitCode::from(1))
-            }
+            let answer = connect(&profile.profile).await?.check(key.as_bytes(), token).await?;
+            let (text, code) = match answer {
+                CheckAnswer::HeldNow => ("holds the lock now", 0),
+                CheckAnswer::Superseded => {
+                    ("is superseded: a later lock of the key was admitted", EXIT_SUPERSEDED)
+                }
+                CheckAnswer::NotHeld => {
+                    ("no longer holds the lock (or never did), and no later lock is known", EXIT_NOT_HELD)
+                }
+                CheckAnswer::UnknownKey => {
+                    ("does not hold the lock: the key's home has no record of the key", EXIT_UNKNOWN_KEY)
+                }
+            };
+            println!("{token} on {key:?} {text}");
+            Ok(ExitCode::from(code))
         }
     }
 }

@@ -91,7 +91,7 @@ pub(crate) struct Driven {
     /// Pending locks' callers, by ticket.
     pub replies: HashMap<Ticket, LockReply>,
     /// Pending token checks' callers, by check id.
-    pub checks: HashMap<u64, oneshot::Sender<Option<bool>>>,
+    pub checks: HashMap<u64, oneshot::Sender<Option<crate::core::CheckReply>>>,
     /// The caller of the operator change in progress.
     pub proposal: Option<oneshot::Sender<Result<u64, ProposeError>>>,
 }
@@ -377,9 +377,9 @@ impl Shared {
                     let _ = d.core.unlock(now, handle.id, handle.note);
                 }
             }
-            Output::CheckDone { id, current } => {
+            Output::CheckDone { id, answer } => {
                 if let Some(reply) = d.checks.remove(&id) {
-                    let _ = reply.send(current);
+                    let _ = reply.send(answer);
                 }
             }
             Output::ProposalDone { result } => {

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use keyhome_delegation::FencingToken;
+use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, EpochRecord, NodeId};
 
 use crate::core::PeerMessage;
@@ -151,7 +151,7 @@ pub enum Request {
     Renew { handle: u64, ttl: Duration },
     /// End a handle, leaving `note` for the next holder of the key.
     Unlock { handle: u64, note: Option<Vec<u8>> },
-    /// Ask the key's home whether `token` is the newest admission it knows of.
+    /// Ask whether `key` is held with `token` now (answered by the key's home, or its holder).
     Check { key: Vec<u8>, token: FencingToken },
     /// The node's status.
     Status,
@@ -193,7 +193,7 @@ pub enum Response {
     },
     Unlocked,
     Checked {
-        current: bool,
+        answer: CheckAnswer,
     },
     Status(Box<crate::status::Status>),
     Epoch(Box<EpochRecord>),

@@ -305,6 +305,15 @@ impl Cluster {
         die_with_parent(&mut command);
         command.output().expect("run keyhome")
     }
+
+    /// Starts the built `keyhome` binary with `args` in the cluster directory, its stdin a pipe
+    /// (closing it ends a `cat` the command runs), its output discarded. Killed when dropped.
+    pub fn cli_background(&self, args: &[&str]) -> Background {
+        let mut command = Command::new(keyhome_binary());
+        command.args(args).current_dir(&self.dir).stdin(Stdio::piped()).stdout(Stdio::null());
+        die_with_parent(&mut command);
+        Background(command.spawn().expect("start keyhome"))
+    }
 }
 
 impl Drop for Cluster {
@@ -322,6 +331,25 @@ impl Drop for Cluster {
                 eprintln!("kept {}", dir.keep().display());
             }
         }
+    }
+}
+
+/// A `keyhome` process started by [`Cluster::cli_background`]; SIGKILLed when dropped unless it
+/// was waited for.
+pub struct Background(Child);
+
+impl Background {
+    /// Closes the process's stdin and waits for it to exit; returns its exit status.
+    pub fn finish(mut self) -> std::process::ExitStatus {
+        drop(self.0.stdin.take());
+        self.0.wait().expect("wait for keyhome")
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }
 
