@@ -20,6 +20,11 @@ pub mod record;
 pub mod storage;
 pub mod time;
 
+/// Whether this build has the test-only `bug-injection` switches compiled in. The node refuses
+/// to start with them unless told it is a test (see the `keyhome` binary); shipped builds never
+/// have them.
+pub const BUG_INJECTION: bool = cfg!(feature = "bug-injection");
+
 pub use change::{Change, ChangeError};
 pub use keyhome_ring::NodeId;
 pub use message::{Body, Message, Transmit};

@@ -25,7 +25,7 @@ const EXIT_NOT_HELD: u8 = 6;
 const EXIT_UNKNOWN_KEY: u8 = 7;
 
 #[derive(Parser)]
-#[command(name = "keyhome", version, about = "A distributed lock service with delegated key homes")]
+#[command(name = "keyhome", version = VERSION, about = "A distributed lock service with delegated key homes")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -274,7 +274,21 @@ fn parse_replace(s: &str) -> Result<(NodeId, Member), String> {
     Ok((NodeId(old), parse_member(rest)?))
 }
 
+/// The version `--version` prints; a build with the test-only safety switches says so loudly.
+const VERSION: &str = if keyhome_epoch::BUG_INJECTION {
+    concat!(env!("CARGO_PKG_VERSION"), " (TEST BUILD: bug-injection switches compiled in)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 fn main() -> ExitCode {
+    // Fail-stop in every build: a panic on any thread ends the process, so nothing runs on with
+    // state a panic may have left half-changed (release builds also abort on panic).
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -379,6 +379,55 @@ async fn certificates_from_another_ca_are_refused() {
 
 // ---- 10 ----
 
+/// A handle passes only between connections of the certificate identity that locked it: another
+/// certificate cannot renew or unlock it even once its connection is gone, whatever serial it
+/// guesses; a new connection of the same certificate can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_belongs_to_its_certificate_identity() {
+    let cluster = started(Options::default()).await;
+    let key = key_homed_on("owned", &[1, 2, 3], 2);
+    let owner = cluster.client(1).await;
+    let held = owner.lock(&key, TTL, PATIENCE).await.expect("lock through node 1");
+    let serial = held.forget();
+    drop(owner);
+
+    let other = cluster.operator(1).await;
+    let err = other.renew(serial, TTL).await.expect_err("another identity renewed the handle");
+    assert_eq!(err.kind(), Some(ErrorKind::Forbidden), "{err}");
+    let err = other.unlock(serial, Some(b"stolen".to_vec())).await.expect_err("another identity unlocked it");
+    assert_eq!(err.kind(), Some(ErrorKind::Forbidden), "{err}");
+
+    let again = cluster.client(1).await;
+    again.renew(serial, TTL).await.expect("the same certificate takes its handle over");
+    again.unlock(serial, Some(b"done".to_vec())).await.expect("and unlocks it");
+    let next = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("the key passes on");
+    assert_eq!(next.note(), Some(&b"done"[..]), "the owner's note, not the other identity's");
+    assert!(!next.recovered());
+}
+
+/// A node asked to stop (SIGTERM) while a client holds a key does not pass the key on before the
+/// deadline the client was told, and the next holder is told `recovered`: the client was cut off
+/// mid-work, not unlocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_hands_over_uncleanly_and_never_inside_a_told_deadline() {
+    let mut cluster = started(Options::default()).await;
+    let key = key_homed_on("shutdown", &[1, 2, 3], 2);
+    let client = cluster.client(1).await;
+    let sent = Instant::now();
+    let held = client.lock(&key, Duration::from_secs(3), PATIENCE).await.expect("lock through node 1");
+    let told = sent + held.valid_for();
+    let first = held.token();
+    let _ = held.forget();
+    cluster.terminate(1);
+
+    let next = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("the key passes on");
+    let admitted = Instant::now();
+    assert!(admitted >= told, "admitted {:?} before the first client's deadline", told - admitted);
+    assert!(next.recovered(), "a shutdown ended the first handle, not its client");
+    assert_eq!(next.note(), None);
+    assert!(next.token() > first);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificate_cannot_propose() {
     let cluster = started(Options::default()).await;

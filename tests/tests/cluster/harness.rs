@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use keyhome::client::Client;
 use keyhome::config::{ClientProfile, LockSettings, write_toml};
@@ -147,6 +147,17 @@ impl Cluster {
         let mut child =
             self.children[(id - 1) as usize].take().unwrap_or_else(|| panic!("node {id} is not running"));
         let _ = child.kill();
+        let _ = child.wait();
+        self.forget_client(id);
+    }
+
+    /// SIGTERM to node `id` (a clean shutdown); returns once the process is gone.
+    pub fn terminate(&mut self, id: u64) {
+        let mut child =
+            self.children[(id - 1) as usize].take().unwrap_or_else(|| panic!("node {id} is not running"));
+        if let Some(pid) = rustix::process::Pid::from_raw(child.id() as i32) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
         let _ = child.wait();
         self.forget_client(id);
     }
@@ -408,8 +419,8 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-/// The `keyhome` binary of the profile the tests were built in, built first if it is missing or
-/// older than the sources it is built from.
+/// The `keyhome` binary of the profile the tests were built in, (re)built by `cargo build -p
+/// keyhome` with the feature set that ships, and checked to be no test build.
 pub fn keyhome_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(locate_or_build).clone()
@@ -422,12 +433,10 @@ fn locate_or_build() -> PathBuf {
         exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf();
     let binary = profile_dir.join(format!("keyhome{}", std::env::consts::EXE_SUFFIX));
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
-    let built = std::fs::metadata(&binary).and_then(|m| m.modified()).ok();
-    let stale = match built {
-        None => true,
-        Some(built) => newest_source(&workspace).is_some_and(|newest| newest > built),
-    };
-    if stale {
+    // Always through `cargo build -p keyhome` (a no-op when fresh): the binary a workspace test
+    // build leaves behind has the simulation's `bug-injection` switches unified into it, and
+    // these tests must run the feature set that ships.
+    {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
         command.current_dir(&workspace).args(["build", "-p", "keyhome", "--bin", "keyhome"]);
@@ -462,28 +471,10 @@ fn locate_or_build() -> PathBuf {
         assert!(status.success(), "cargo build -p keyhome failed: {status}");
     }
     assert!(binary.exists(), "no keyhome binary at {}", binary.display());
+    let version = Command::new(&binary).arg("--version").output().expect("keyhome --version");
+    let version = String::from_utf8_lossy(&version.stdout);
+    assert!(!version.contains("TEST BUILD"), "the tests must run the shipped build, not {version}");
     binary
-}
-
-/// The newest modification time among the sources the `keyhome` binary is built from.
-fn newest_source(workspace: &Path) -> Option<SystemTime> {
-    fn walk(path: &Path, newest: &mut Option<SystemTime>) {
-        let Ok(meta) = std::fs::metadata(path) else { return };
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(path).into_iter().flatten().flatten() {
-                walk(&entry.path(), newest);
-            }
-        } else if path.extension().is_some_and(|e| e == "rs" || e == "toml")
-            && let Ok(t) = meta.modified()
-        {
-            *newest = Some(newest.map_or(t, |n| n.max(t)));
-        }
-    }
-    let mut newest = None;
-    for part in ["node/src", "node/Cargo.toml", "ring/src", "epoch/src", "delegation/src", "Cargo.toml"] {
-        walk(&workspace.join(part), &mut newest);
-    }
-    newest
 }
 
 // ---- ports ----
