@@ -234,6 +234,8 @@ pub enum LockError {
     Refused(Refusal),
     #[error("the handle's deadline passed; the lock is lost")]
     Expired,
+    #[error("this node tracks as many keys as it accepts; retry once some are unlocked")]
+    TooManyKeys,
     #[error("no such handle: it was unlocked already, never issued, or its loss was already reported")]
     UnknownHandle,
     #[error("the node is shutting down")]
@@ -512,6 +514,9 @@ impl Holder {
         }
         let slot = match existing {
             Some(slot) => slot,
+            None if self.index.len() >= self.config.limits.max_holder_keys => {
+                return Err(LockError::TooManyKeys);
+            }
             None => self.insert(now, key),
         };
         let serial = self.io.serial();
@@ -748,6 +753,7 @@ impl Holder {
     fn prefetch(&mut self, now: Instant, key: &[u8]) {
         let slot = match self.index.get(key) {
             Some(&slot) => slot,
+            None if self.index.len() >= self.config.limits.max_holder_keys => return,
             None => self.insert(now, key),
         };
         let e = self.slots[slot as usize].as_mut().expect("slot just looked up");

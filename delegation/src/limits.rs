@@ -13,16 +13,20 @@ pub struct Limits {
     pub max_per_requester: usize,
     /// Most requesters waiting for one key at a home, and most local waiters per key at a holder.
     pub max_waiters_per_key: usize,
+    /// Most keys one holder tracks at once (delegations, waiters, requests, recent history).
+    pub max_holder_keys: usize,
 }
 
 impl Limits {
-    /// 1 KiB keys, 4 KiB notes, a million delegations per home, 100 000 per requester, 64 waiters.
+    /// 1 KiB keys, 4 KiB notes, a million delegations per home, 100 000 per requester, 64 waiters,
+    /// a million keys per holder.
     pub const DEFAULT: Limits = Limits {
         max_key_len: 1024,
         max_note_len: 4096,
         max_delegations: 1_000_000,
         max_per_requester: 100_000,
         max_waiters_per_key: 64,
+        max_holder_keys: 1_000_000,
     };
 }
 

@@ -523,6 +523,21 @@ fn recall_asks_the_local_holder_to_unlock_and_waits_for_the_deadline_it_was_told
 }
 
 #[test]
+fn a_holder_tracks_at_most_its_cap_of_keys() {
+    let auth = Script::new();
+    let mut config = HolderConfig::new(ME);
+    config.limits.max_holder_keys = 2;
+    let mut h = Holder::new(config, at(0));
+    pending(h.lock(at(0), b"a", secs(1), secs(5), &auth));
+    pending(h.lock(at(0), b"b", secs(1), secs(5), &auth));
+    assert_eq!(h.lock(at(0), b"c", secs(1), secs(5), &auth), Err(LockError::TooManyKeys));
+    assert_eq!(h.try_lock(at(0), b"c", secs(1)), Err(LockError::WouldBlock));
+    assert_eq!(h.tracked_keys(), 2, "nothing allocated past the cap");
+    // A key already tracked still takes waiters.
+    pending(h.lock(at(0), b"a", secs(1), secs(5), &auth));
+}
+
+#[test]
 fn a_pending_request_follows_its_key_to_a_new_home_at_once() {
     let mut auth = Script::new();
     let mut h = holder();

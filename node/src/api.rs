@@ -331,9 +331,11 @@ pub fn lock_error(e: LockError) -> ApiError {
         LockError::WouldBlock | LockError::Timeout => ErrorKind::Timeout,
         LockError::Expired | LockError::UnknownHandle => ErrorKind::Lost,
         LockError::KeyTooLong | LockError::ZeroTtl | LockError::NoteTooLarge => ErrorKind::Invalid,
-        LockError::QueueFull | LockError::NoHome | LockError::Refused(_) | LockError::Closed => {
-            ErrorKind::Unavailable
-        }
+        LockError::QueueFull
+        | LockError::TooManyKeys
+        | LockError::NoHome
+        | LockError::Refused(_)
+        | LockError::Closed => ErrorKind::Unavailable,
     };
     ApiError::new(kind, e.to_string())
 }
