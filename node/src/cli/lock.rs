@@ -9,8 +9,8 @@
 //! - Renewals go out every third of the time left before the SIGTERM instant below, each with a
 //!   timeout; a renewal that fails, times out or does not move `D` later is retried, and moves
 //!   nothing.
-//! - Unless renewed, CMD gets SIGTERM at `D − kill_after − margin` and SIGKILL at `D − margin`,
-//!   so even a CMD that ignores SIGTERM is gone before `D`. When the lock is known to be over (the
+//! - Unless renewed, CMD gets SIGTERM at `D − kill_after − margin` and SIGKILL at `D − margin`
+//!   (see [`Plan::new`]), so even a CMD that ignores SIGTERM is gone before `D`. When the lock is known to be over (the
 //!   node says the handle is lost, or the connection to it ended) SIGTERM goes at once, SIGKILL
 //!   `kill_after` later or at `D − margin`, whichever is first.
 //!
@@ -74,10 +74,11 @@ pub struct LockArgs {
     /// How long to wait for the lock; exit 124 if it was not taken by then.
     #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
     pub wait: Duration,
-    /// How long CMD has between SIGTERM and SIGKILL. Must leave room before the lock's deadline:
-    /// keep it under half the delegation lease.
-    #[arg(long, default_value = "1s", value_parser = crate::parse_duration)]
-    pub kill_after: Duration,
+    /// How long CMD has between SIGTERM and SIGKILL [default: 1s, or a quarter of the time the
+    /// lock is first granted for, if shorter]. Must leave room before the lock's deadline: keep
+    /// it under half the delegation lease.
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub kill_after: Option<Duration>,
     /// A handoff note for the key's next holder.
     #[arg(long, conflicts_with = "note_file")]
     pub note: Option<String>,
@@ -101,9 +102,22 @@ pub async fn run(args: LockArgs) -> ExitCode {
     }
 }
 
-/// Time kept between SIGKILL and the deadline, for the kill to land and the timers' lateness.
-fn margin(ttl: Duration) -> Duration {
-    (ttl / 20).clamp(Duration::from_millis(100), Duration::from_secs(1))
+/// Shortest time kept between SIGKILL and the deadline.
+const MIN_MARGIN: Duration = Duration::from_millis(50);
+/// Longest default `--kill-after`.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(1);
+
+impl Plan {
+    /// The timing for a lock first granted for `valid_for`: the margin kept between SIGKILL and
+    /// the deadline (for the kill to land, and for timers that fire late) is a twentieth of it,
+    /// 50 ms to 1 s; `kill_after` is as given, else 1 s or a quarter of `valid_for` if shorter.
+    fn new(ttl: Duration, kill_after: Option<Duration>, valid_for: Duration) -> Plan {
+        Plan {
+            ttl,
+            kill_after: kill_after.unwrap_or((valid_for / 4).min(DEFAULT_KILL_AFTER)),
+            margin: (valid_for / 20).clamp(MIN_MARGIN, Duration::from_secs(1)),
+        }
+    }
 }
 
 /// The instant CMD must get SIGTERM unless the lock is renewed.
@@ -112,13 +126,10 @@ fn term_at(deadline: Instant, kill_after: Duration, margin: Duration) -> Instant
 }
 
 async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
-    let margin = margin(args.ttl);
-    if args.kill_after + margin >= args.ttl {
-        return Err(format!(
-            "--kill-after {:?} plus a {margin:?} margin leaves no time within --ttl {:?}",
-            args.kill_after, args.ttl
-        )
-        .into());
+    if let Some(kill_after) = args.kill_after
+        && kill_after + MIN_MARGIN >= args.ttl
+    {
+        return Err(format!("--kill-after {kill_after:?} leaves no time within --ttl {:?}", args.ttl).into());
     }
     let (program, rest) = args.command.split_first().ok_or("no command given")?;
     let client = crate::connect(&args.profile.profile).await?;
@@ -132,16 +143,17 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         Err(e) => return Err(e.into()),
     };
-    if term_at(held.deadline(), args.kill_after, margin) <= clock.now() {
+    let plan = Plan::new(args.ttl, args.kill_after, held.valid_for());
+    if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
         // A delegation near its end: its holder node renews it once half of it is left.
         held.renew(args.ttl).await?;
-        if term_at(held.deadline(), args.kill_after, margin) <= clock.now() {
+        if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
             let valid_for = held.valid_for();
             let _ = held.unlock(None).await;
             return Err(format!(
-                "the lock is valid for only {valid_for:?}: no room for --kill-after {:?} plus a {margin:?} \
+                "the lock is valid for only {valid_for:?}: no room for --kill-after {:?} plus a {:?} \
                  margin; use a shorter --kill-after (under half the delegation lease)",
-                args.kill_after
+                plan.kill_after, plan.margin
             )
             .into());
         }
@@ -173,7 +185,6 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             return Ok(ExitCode::from(code));
         }
     };
-    let plan = Plan { ttl: args.ttl, kill_after: args.kill_after, margin };
     let mut group = Group { leader, status: None };
     let outcome = supervise(&mut group, held, plan, clock, signals, lost).await;
     let status = group.status.map_or(ExitCode::FAILURE, exit_code);
