@@ -482,10 +482,3 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
-/// `keyhome token check` exits 0 when the key is held with the token now, and with one of these
-/// otherwise, clear of 1 (any error: no answer in time, a refusal), 2 (a usage error) and the
-/// statuses of `keyhome lock` (123 to 127).
-const EXIT_SUPERSEDED: u8 = 5;
-const EXIT_NOT_HELD: u8 = 6;
-const EXIT_UNKNOWN_KEY: u8 = 7;
-

@@ -15,12 +15,11 @@ use harness::{Cluster, Options, PATIENCE, key_homed_on};
 use keyhome::pki::Role;
 
 /// Delegations of 4 s, so that a lock's `valid_for` (at least half of that) leaves room for a
-/// 500 ms `--kill-after`; recalls wait 2 s for the local holder, longer than `--kill-after`.
+/// 500 ms `--kill-after`.
 fn options() -> Options {
     let mut options = Options::default();
     options.timing.max_delegation_lease = Duration::from_secs(4);
     options.locks.delegation_lease_ms = 4000;
-    options.locks.recall_grace_ms = 2000;
     options
 }
 

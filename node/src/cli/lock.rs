@@ -37,7 +37,7 @@ use std::time::Duration;
 use clap::Args;
 use keyhome::client::{Client, ClientError, ClientLock};
 use keyhome::clock::{BootClock, MAX_SLEEP};
-use keyhome::wire::{ClientEvent, ErrorKind};
+use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
 use keyhome_delegation::Limits;
 use keyhome_epoch::Instant;
 use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
@@ -134,7 +134,6 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let (program, rest) = args.command.split_first().ok_or("no command given")?;
     let client = crate::connect(&args.profile.profile).await?;
     let clock = client.clock();
-    let lost = watch_events(&client).await?;
     let mut held = match client.lock(args.key.as_bytes(), args.ttl, args.wait).await {
         Ok(held) => held,
         Err(e) if e.kind() == Some(ErrorKind::Timeout) || matches!(e, ClientError::TimedOut { .. }) => {
@@ -143,6 +142,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         Err(e) => return Err(e.into()),
     };
+    let lost = watch_events(&client, held.handle()).await?;
     let plan = Plan::new(args.ttl, args.kill_after, held.valid_for());
     if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
         // A delegation near its end: its holder node renews it once half of it is left.
@@ -235,18 +235,21 @@ fn handoff_note(args: &LockArgs) -> Option<Vec<u8>> {
     }
 }
 
-/// Subscribes to the connection's lost-handle events; the receiver yields why the lock is over
-/// when one names `handle`, or when the stream (the connection) ends. The reading task owns the
-/// stream: reading a frame is not cancel-safe.
-async fn watch_events(client: &Client) -> Result<LostEvents, ClientError> {
+/// Subscribes to the connection's events; the receiver yields why the lock is over when
+/// `handle` expired, or when the stream (the connection) ends. The reading task owns the stream:
+/// reading a frame is not cancel-safe.
+async fn watch_events(client: &Client, handle: u64) -> Result<LostEvents, ClientError> {
     let mut events = client.events().await?;
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         loop {
+            // A recall needs nothing here: renewals stop extending the lock, which the plan
+            // already treats as failing renewals.
             let why = match events.next().await {
-                Some(ClientEvent::Lost { handle, reason, .. }) => {
-                    format!("handle {handle} was lost ({reason:?})")
+                Some(ClientEvent { handle: h, kind: EventKind::Expired, .. }) if h == handle => {
+                    format!("handle {handle} expired")
                 }
+                Some(_) => continue,
                 None => "the connection to the node ended".to_string(),
             };
             if tx.send(why).await.is_err() {
