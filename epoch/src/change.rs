@@ -27,6 +27,8 @@ pub enum ChangeError {
     NotMember(NodeId),
     #[error("removing the last member would leave an empty cluster")]
     LastMember,
+    #[error("address {addr} is already used by member {member}")]
+    AddressInUse { addr: String, member: NodeId },
     #[error("the change leaves the epoch as it is")]
     NoOp,
     #[error("the resulting epoch is invalid: {0}")]
@@ -56,6 +58,7 @@ impl Change {
                 if current.is_member(m.id) {
                     return Err(ChangeError::AlreadyMember(m.id));
                 }
+                address_free(current, m, None)?;
                 members.push(m.clone());
             }
             Change::Remove(id) => {
@@ -74,6 +77,7 @@ impl Change {
                 if old != &new.id && current.is_member(new.id) {
                     return Err(ChangeError::AlreadyMember(new.id));
                 }
+                address_free(current, new, Some(*old))?;
                 members.retain(|m| m.id != *old);
                 members.push(new.clone());
             }
@@ -97,6 +101,15 @@ impl Change {
         }
         next.validate()?;
         Ok(next)
+    }
+}
+
+/// Refuses `new`'s address if a member of `current` other than `leaving` has it, naming that
+/// member.
+fn address_free(current: &EpochRecord, new: &Member, leaving: Option<NodeId>) -> Result<(), ChangeError> {
+    match current.members.iter().find(|m| m.addr == new.addr && Some(m.id) != leaving) {
+        Some(holder) => Err(ChangeError::AddressInUse { addr: new.addr.clone(), member: holder.id }),
+        None => Ok(()),
     }
 }
 
@@ -135,10 +148,11 @@ mod tests {
         assert_eq!(Change::Remove(NodeId(7)).apply(&g), Err(ChangeError::NotMember(NodeId(7))));
         assert_eq!(Change::SetTiming(Timing::DEFAULT).apply(&g), Err(ChangeError::NoOp));
         let clash = Member { id: NodeId(8), addr: g.members[0].addr.clone() };
-        assert!(matches!(
-            Change::Add(clash).apply(&g),
-            Err(ChangeError::Invalid(RecordError::AddressInUse { .. }))
-        ));
+        let in_use = ChangeError::AddressInUse { addr: clash.addr.clone(), member: NodeId(1) };
+        assert_eq!(Change::Add(clash.clone()).apply(&g), Err(in_use.clone()));
+        assert_eq!(Change::Replace { old: NodeId(2), new: clash.clone() }.apply(&g), Err(in_use));
+        // The member being replaced may hand its address on.
+        assert!(Change::Replace { old: NodeId(1), new: clash }.apply(&g).is_ok());
         let one = EpochRecord::genesis(members(&[1]), Timing::DEFAULT).unwrap();
         assert_eq!(Change::Remove(NodeId(1)).apply(&one), Err(ChangeError::LastMember));
         let bad = Timing { home_lease: std::time::Duration::ZERO, ..Timing::DEFAULT };

@@ -108,8 +108,8 @@ pub enum RecordError {
     Unsorted,
     #[error("member {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
     BadAddress { id: NodeId },
-    #[error("address {addr} is already used by member {id}")]
-    AddressInUse { id: NodeId, addr: String },
+    #[error("members {first} and {second} both have the address {addr}")]
+    AddressInUse { first: NodeId, second: NodeId, addr: String },
     #[error("ring version {0} differs from this binary's {ROUTING_VERSION}")]
     RingVersion(u32),
     #[error("home lease {0:?} is outside 10 ms ..= 1 h")]
@@ -162,7 +162,8 @@ impl EpochRecord {
         let mut addrs: Vec<(&str, NodeId)> = self.members.iter().map(|m| (m.addr.as_str(), m.id)).collect();
         addrs.sort_unstable();
         if let Some(pair) = addrs.windows(2).find(|p| p[0].0 == p[1].0) {
-            return Err(RecordError::AddressInUse { id: pair[1].1, addr: pair[1].0.to_owned() });
+            let (first, second) = (pair[0].1, pair[1].1);
+            return Err(RecordError::AddressInUse { first, second, addr: pair[1].0.to_owned() });
         }
         if self.ring_version != ROUTING_VERSION {
             return Err(RecordError::RingVersion(self.ring_version));
@@ -229,6 +230,14 @@ pub(crate) mod tests {
         assert_eq!(
             EpochRecord::genesis(bad, Timing::DEFAULT),
             Err(RecordError::BadAddress { id: NodeId(1) })
+        );
+        let mut shared = members(&[1, 5, 3]);
+        shared[2].addr = shared[0].addr.clone();
+        let addr = shared[0].addr.clone();
+        assert_eq!(
+            EpochRecord::genesis(shared, Timing::DEFAULT),
+            Err(RecordError::AddressInUse { first: NodeId(1), second: NodeId(3), addr }),
+            "both members named"
         );
         let timing = Timing { clock_rate_ppm: MAX_CLOCK_RATE_PPM + 1, ..Timing::DEFAULT };
         assert!(matches!(EpochRecord::genesis(members(&[1]), timing), Err(RecordError::ClockRate(_))));

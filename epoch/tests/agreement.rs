@@ -232,11 +232,7 @@ fn proposal_validation_errors_are_returned_and_change_nothing() {
         (1, Change::Replace { old: NodeId(1), new: member(3) }, ChangeError::AlreadyMember(NodeId(3)).into()),
         (1, Change::SetTiming(Timing::DEFAULT), ChangeError::NoOp.into()),
         (1, Change::SetTiming(lease), ChangeError::Invalid(RecordError::HomeLease(ms(1))).into()),
-        (
-            1,
-            Change::Add(clash),
-            ChangeError::Invalid(RecordError::AddressInUse { id: NodeId(9), addr: member(2).addr }).into(),
-        ),
+        (1, Change::Add(clash), ChangeError::AddressInUse { addr: member(2).addr, member: NodeId(2) }.into()),
     ];
     for (id, change, error) in cases {
         assert_eq!(c.propose(id, change.clone()), Err(error.clone()), "{change:?} at node {id}");

@@ -36,15 +36,14 @@ use crate::core::{ClaimError, ClientOwner, Notice, Owner};
 use crate::pki::Role;
 use crate::runtime::{Shared, lock};
 use crate::wire::{
-    self, ApiError, ClientEvent, ErrorKind, EventKind, Locked, MAX_CLIENT_FRAME, Request, Response,
+    self, ApiError, ClientEvent, ErrorKind, EventKind, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request,
+    Response,
 };
 
 /// Lost-handle events queued per subscribed connection before further ones are dropped.
 const EVENT_QUEUE: usize = 1024;
 /// How long a token check waits for the key's home (or its holder) to answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long an operator change may take before the client is told to look again.
-const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The client connections of one node.
 pub struct Sessions {
@@ -233,6 +232,10 @@ async fn answer(
                     ErrorKind::Forbidden,
                     "changing the membership needs an operator certificate",
                 ));
+            }
+            if let keyhome_epoch::Change::Add(m) | keyhome_epoch::Change::Replace { new: m, .. } = &change {
+                crate::config::check_member_addr(&m.addr)
+                    .map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
             }
             let (tx, rx) = oneshot::channel();
             shared

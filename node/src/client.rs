@@ -11,18 +11,40 @@
 //! lock.unlock(Some(b"done up to row 1200".to_vec())).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Timeouts
+//!
+//! Every call gives up after the client's timeout ([`DEFAULT_TIMEOUT`], or
+//! [`Client::with_timeout`]) with [`ClientError::TimedOut`], so a frozen node cannot hang its
+//! caller until QUIC's idle timeout. A lock call waits its `wait` plus that timeout; a
+//! membership change the node's [`PROPOSE_TIMEOUT`] plus that timeout. A call that timed out
+//! resets its stream, which withdraws a pending lock.
+//!
+//! # Deadlines
+//!
+//! A lock is valid until [`ClientLock::deadline`]: the instant this client *sent* the lock (or
+//! its latest renewal) request plus the `valid_for` the node answered, on this client's
+//! [`BootClock`] (which keeps counting through a suspend). The node counts `valid_for` from
+//! its answer, which comes later, so this deadline never lies after the node's.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use keyhome_delegation::{CheckAnswer, FencingToken};
-use keyhome_epoch::{Change, EpochRecord, NodeId};
+use keyhome_epoch::{Change, EpochRecord, Instant, NodeId};
 use rustls::pki_types::CertificateDer;
 
+use crate::clock::BootClock;
 use crate::config::{ClientProfile, ConfigError};
 use crate::pki::{self, Identity, PkiError};
 use crate::status::Status;
-use crate::wire::{self, ApiError, ClientEvent, ErrorKind, Locked, MAX_CLIENT_FRAME, Request, Response};
+use crate::wire::{
+    self, ApiError, ClientEvent, ErrorKind, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request, Response,
+};
+
+/// How long a call waits for its answer unless [`Client::with_timeout`] says otherwise (a lock
+/// call waits its `wait` on top of it).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +65,8 @@ pub enum ClientError {
     NoAnswer,
     #[error("the node answered something unexpected")]
     Unexpected,
+    #[error("the node did not answer the {request} request within {after:?}")]
+    TimedOut { request: &'static str, after: Duration },
     #[error("{}", .0.message)]
     Api(ApiError),
 }
@@ -62,6 +86,10 @@ impl ClientError {
 pub struct Client {
     conn: quinn::Connection,
     _endpoint: quinn::Endpoint,
+    /// The clock lock deadlines are counted on.
+    clock: BootClock,
+    /// How long a call waits for its answer (beyond a lock's `wait`).
+    timeout: Duration,
 }
 
 impl Client {
@@ -79,39 +107,86 @@ impl Client {
         identity: &Identity,
         ca: &[CertificateDer<'static>],
     ) -> Result<Client, ClientError> {
-        let config = pki::client_config(identity, ca, pki::ALPN_CLIENT)?;
-        let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }
-            .parse()
-            .map_err(|_| ClientError::Unexpected)?;
-        let endpoint = quinn::Endpoint::client(bind).map_err(ClientError::Socket)?;
-        let connect_err = |reason: String| ClientError::Connect { node: node.0, addr, reason };
-        let conn = endpoint
-            .connect_with(config, addr, &pki::server_name(node))
-            .map_err(|e| connect_err(e.to_string()))?
-            .await
-            .map_err(|e| connect_err(e.to_string()))?;
+        let (endpoint, conn) = handshake(node, addr, identity, ca).await?;
         // A TLS 1.3 client completes its handshake before the node has checked the client's
         // certificate: wait for the node's confirmation, so that a refused certificate fails
         // here, with the node's reason, rather than as a lost connection on the first request.
-        confirmed(&conn).await.map_err(|e| connect_err(e.to_string()))?;
-        Ok(Client { conn, _endpoint: endpoint })
+        confirmed(&conn).await.map_err(|e| ClientError::Connect {
+            node: node.0,
+            addr,
+            reason: e.to_string(),
+        })?;
+        Ok(Client { conn, _endpoint: endpoint, clock: BootClock::new(), timeout: DEFAULT_TIMEOUT })
     }
 
-    async fn call(&self, request: &Request) -> Result<Response, ClientError> {
-        let (mut send, mut recv) = self.conn.open_bi().await?;
-        wire::write_frame(&mut send, request, MAX_CLIENT_FRAME).await?;
-        let _ = send.finish();
-        match wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME).await? {
-            Some(Response::Error(e)) => Err(ClientError::Api(e)),
-            Some(response) => Ok(response),
-            None => Err(ClientError::NoAnswer),
-        }
+    /// Checks that node `node` answers at `addr` within `timeout`: the QUIC handshake completes
+    /// and the certificate the node presents proves it holds `node`'s id. (Whether the node then
+    /// serves this certificate on that address does not matter.)
+    pub async fn probe(
+        node: NodeId,
+        addr: SocketAddr,
+        identity: &Identity,
+        ca: &[CertificateDer<'static>],
+        timeout: Duration,
+    ) -> Result<(), ClientError> {
+        let (endpoint, conn) =
+            tokio::time::timeout(timeout, handshake(node, addr, identity, ca)).await.map_err(|_| {
+                ClientError::Connect { node: node.0, addr, reason: format!("no answer within {timeout:?}") }
+            })??;
+        conn.close(0u32.into(), b"probe done");
+        endpoint.close(0u32.into(), b"probe done");
+        Ok(())
     }
 
-    /// Locks `key` for `ttl`, waiting at most `wait`. The guard unlocks when dropped.
+    /// This client with calls timing out after `timeout` (a lock call: after its `wait` plus
+    /// `timeout`).
+    pub fn with_timeout(mut self, timeout: Duration) -> Client {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How long a call waits for its answer.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The clock [`ClientLock::deadline`] is read on.
+    pub fn clock(&self) -> BootClock {
+        self.clock
+    }
+
+    /// Whether the connection to the node has ended (every further call fails).
+    pub fn is_closed(&self) -> bool {
+        self.conn.close_reason().is_some()
+    }
+
+    /// Sends `request` and reads its answer, giving up after `timeout`.
+    async fn call(&self, request: &Request, timeout: Duration) -> Result<Response, ClientError> {
+        let exchange = async {
+            let (mut send, mut recv) = self.conn.open_bi().await?;
+            wire::write_frame(&mut send, request, MAX_CLIENT_FRAME).await?;
+            let _ = send.finish();
+            match wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME).await? {
+                Some(Response::Error(e)) => Err(ClientError::Api(e)),
+                Some(response) => Ok(response),
+                None => Err(ClientError::NoAnswer),
+            }
+        };
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| ClientError::TimedOut { request: request.name(), after: timeout })?
+    }
+
+    /// Locks `key` for `ttl`, waiting at most `wait` (and the client's timeout on top for the
+    /// answer). The guard unlocks when dropped.
     pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<ClientLock, ClientError> {
-        match self.call(&Request::Lock { key: key.to_vec(), ttl, wait }).await? {
-            Response::Locked(info) => Ok(ClientLock { client: self.clone(), info, done: false }),
+        let sent = self.clock.now();
+        let request = Request::Lock { key: key.to_vec(), ttl, wait };
+        match self.call(&request, wait.saturating_add(self.timeout)).await? {
+            Response::Locked(info) => {
+                let deadline = sent + info.valid_for;
+                Ok(ClientLock { client: self.clone(), info, deadline, done: false })
+            }
             _ => Err(ClientError::Unexpected),
         }
     }
@@ -121,9 +196,10 @@ impl Client {
         self.lock(key, ttl, Duration::ZERO).await
     }
 
-    /// Extends handle `handle` to `ttl` from now; returns how long it is valid.
+    /// Extends handle `handle` to `ttl` from now; returns how long it is valid from the node's
+    /// answer (count it from the send instant: see [`ClientLock::renew`]).
     pub async fn renew(&self, handle: u64, ttl: Duration) -> Result<Duration, ClientError> {
-        match self.call(&Request::Renew { handle, ttl }).await? {
+        match self.call(&Request::Renew { handle, ttl }, self.timeout).await? {
             Response::Renewed { valid_for } => Ok(valid_for),
             _ => Err(ClientError::Unexpected),
         }
@@ -131,7 +207,7 @@ impl Client {
 
     /// Ends handle `handle`, leaving `note` for the next holder.
     pub async fn unlock(&self, handle: u64, note: Option<Vec<u8>>) -> Result<(), ClientError> {
-        match self.call(&Request::Unlock { handle, note }).await? {
+        match self.call(&Request::Unlock { handle, note }, self.timeout).await? {
             Response::Unlocked => Ok(()),
             _ => Err(ClientError::Unexpected),
         }
@@ -140,21 +216,21 @@ impl Client {
     /// Whether `key` is held with `token` now, and if not, whether it was superseded (see
     /// [`CheckAnswer`]).
     pub async fn check(&self, key: &[u8], token: FencingToken) -> Result<CheckAnswer, ClientError> {
-        match self.call(&Request::Check { key: key.to_vec(), token }).await? {
+        match self.call(&Request::Check { key: key.to_vec(), token }, self.timeout).await? {
             Response::Checked { answer } => Ok(answer),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     pub async fn status(&self) -> Result<Status, ClientError> {
-        match self.call(&Request::Status).await? {
+        match self.call(&Request::Status, self.timeout).await? {
             Response::Status(status) => Ok(*status),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     pub async fn epoch(&self) -> Result<EpochRecord, ClientError> {
-        match self.call(&Request::EpochShow).await? {
+        match self.call(&Request::EpochShow, self.timeout).await? {
             Response::Epoch(record) => Ok(*record),
             _ => Err(ClientError::Unexpected),
         }
@@ -162,7 +238,7 @@ impl Client {
 
     /// Proposes a membership change (operator certificate); returns the epoch that includes it.
     pub async fn propose(&self, change: Change) -> Result<u64, ClientError> {
-        match self.call(&Request::Propose(change)).await? {
+        match self.call(&Request::Propose(change), PROPOSE_TIMEOUT.saturating_add(self.timeout)).await? {
             Response::Proposed { epoch } => Ok(epoch),
             _ => Err(ClientError::Unexpected),
         }
@@ -176,7 +252,7 @@ impl Client {
         stopped: Vec<NodeId>,
         skip: u64,
     ) -> Result<u64, ClientError> {
-        match self.call(&Request::RecoverUnsafe { members, stopped, skip }).await? {
+        match self.call(&Request::RecoverUnsafe { members, stopped, skip }, self.timeout).await? {
             Response::Proposed { epoch } => Ok(epoch),
             _ => Err(ClientError::Unexpected),
         }
@@ -184,10 +260,35 @@ impl Client {
 
     /// Lost-handle events for the handles of this connection.
     pub async fn events(&self) -> Result<Events, ClientError> {
-        let (mut send, recv) = self.conn.open_bi().await?;
-        wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
-        Ok(Events { _send: send, recv })
+        let open = async {
+            let (mut send, recv) = self.conn.open_bi().await?;
+            wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
+            Ok(Events { _send: send, recv })
+        };
+        tokio::time::timeout(self.timeout, open)
+            .await
+            .map_err(|_| ClientError::TimedOut { request: Request::Subscribe.name(), after: self.timeout })?
     }
+}
+
+/// A QUIC connection to node `node` at `addr`, its certificate checked against `node`'s id.
+async fn handshake(
+    node: NodeId,
+    addr: SocketAddr,
+    identity: &Identity,
+    ca: &[CertificateDer<'static>],
+) -> Result<(quinn::Endpoint, quinn::Connection), ClientError> {
+    let config = pki::client_config(identity, ca, pki::ALPN_CLIENT)?;
+    let bind: SocketAddr =
+        if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(|_| ClientError::Unexpected)?;
+    let endpoint = quinn::Endpoint::client(bind).map_err(ClientError::Socket)?;
+    let connect_err = |reason: String| ClientError::Connect { node: node.0, addr, reason };
+    let conn = endpoint
+        .connect_with(config, addr, &pki::server_name(node))
+        .map_err(|e| connect_err(e.to_string()))?
+        .await
+        .map_err(|e| connect_err(e.to_string()))?;
+    Ok((endpoint, conn))
 }
 
 /// Resolves once the node has confirmed the handshake (QUIC HANDSHAKE_DONE, sent after it verified
@@ -228,6 +329,8 @@ impl Events {
 pub struct ClientLock {
     client: Client,
     info: Locked,
+    /// The send instant of the latest lock or renewal request plus its `valid_for`.
+    deadline: Instant,
     done: bool,
 }
 
@@ -241,9 +344,21 @@ impl ClientLock {
         self.info.token
     }
 
-    /// How long the lock was valid when the node answered.
+    /// How long the lock was valid when the node answered (the lock or the latest renewal).
     pub fn valid_for(&self) -> Duration {
         self.info.valid_for
+    }
+
+    /// Until when the lock is surely valid, on [`Client::clock`]: the send instant of the lock
+    /// or latest renewal request plus the `valid_for` answered. No other holder of the key is
+    /// admitted before it (guarantees.md, 6); after it, the lock may have passed on.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// How long until [`ClientLock::deadline`] (zero once it has passed).
+    pub fn remaining(&self) -> Duration {
+        self.client.clock.until(self.deadline)
     }
 
     pub fn note(&self) -> Option<&[u8]> {
@@ -254,10 +369,14 @@ impl ClientLock {
         self.info.recovered
     }
 
-    /// Extends the lock to `ttl` from now.
+    /// Extends the lock to `ttl` from now; the deadline becomes this request's send instant
+    /// plus the answered `valid_for`, which may be no later than before (the delegation has not
+    /// been renewed yet, or the key was recalled).
     pub async fn renew(&mut self, ttl: Duration) -> Result<Duration, ClientError> {
+        let sent = self.client.clock.now();
         let valid_for = self.client.renew(self.info.handle, ttl).await?;
         self.info.valid_for = valid_for;
+        self.deadline = sent + valid_for;
         Ok(valid_for)
     }
 

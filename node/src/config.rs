@@ -21,6 +21,12 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
     #[error("the genesis in {path} is not a valid epoch: {source}")]
     Genesis { path: PathBuf, source: RecordError },
+    #[error(
+        "node {id} is configured to listen on {listen}, but epoch {epoch} places it at {addr}: \
+         is this a copy of another node's configuration? Each node id runs in one process only; \
+         start this node with listen = {addr:?}"
+    )]
+    ListenMismatch { id: u64, listen: SocketAddr, epoch: u64, addr: String },
 }
 
 /// Largest configuration file read: anything larger is a mistake.
@@ -137,6 +143,56 @@ impl NodeConfig {
     pub fn store_path(&self) -> PathBuf {
         self.data_dir.join("state.redb")
     }
+
+    /// Refuses to start a node whose `listen` address is not its address in `epoch` (the newest
+    /// it knows), which is what a second process started from a copy of a node's configuration
+    /// looks like. An unspecified `listen` IP (`0.0.0.0`) matches any address with its port; a
+    /// node `epoch` does not name, or whose address does not resolve now, is not checked.
+    pub fn check_listen(&self, epoch: &EpochRecord) -> Result<(), ConfigError> {
+        let Some(member) = epoch.members.iter().find(|m| m.id.0 == self.id) else { return Ok(()) };
+        let Ok(resolved) = std::net::ToSocketAddrs::to_socket_addrs(member.addr.as_str()) else {
+            return Ok(());
+        };
+        let listen = self.listen;
+        let matches = |a: SocketAddr| {
+            a.port() == listen.port() && (listen.ip().is_unspecified() || a.ip() == listen.ip())
+        };
+        if resolved.into_iter().any(matches) {
+            return Ok(());
+        }
+        Err(ConfigError::ListenMismatch {
+            id: self.id,
+            listen,
+            epoch: epoch.number,
+            addr: member.addr.clone(),
+        })
+    }
+}
+
+/// Checks that `addr` reads as a member address: `HOST:PORT`, the host an IP address (IPv6 in
+/// brackets) or a DNS name, the port from 1 to 65535. Says what is wrong otherwise.
+pub fn check_member_addr(addr: &str) -> Result<(), String> {
+    let port_ok = |port: u16| {
+        if port == 0 { Err(format!("{addr:?}: port 0 is not a port to listen on")) } else { Ok(()) }
+    };
+    if let Ok(sock) = addr.parse::<SocketAddr>() {
+        return port_ok(sock.port());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!("{addr:?} is not HOST:PORT"));
+    };
+    let port: u16 = port.parse().map_err(|_| format!("{addr:?}: {port:?} is not a port number"))?;
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    if host.is_empty() || host.len() > 253 || !host.trim_end_matches('.').split('.').all(label_ok) {
+        return Err(format!("{addr:?}: {host:?} is neither an IP address nor a host name"));
+    }
+    port_ok(port)
 }
 
 /// The cluster's first epoch, as `keyhome init` writes it. Durations in milliseconds.
@@ -212,5 +268,48 @@ impl ClientProfile {
             *p = resolve(&base, p);
         }
         Ok(profile)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn member_addresses_are_host_and_port() {
+        for ok in ["127.0.0.1:7100", "[::1]:7100", "node-4.example:7100", "localhost:1"] {
+            assert_eq!(check_member_addr(ok), Ok(()), "{ok}");
+        }
+        for bad in ["notanaddress", "127.0.0.1", "10.0.0.1:0", "host:99999", ":7100", "::1", "a b:1", "-x:1"]
+        {
+            assert!(check_member_addr(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn a_node_listens_where_its_epoch_places_it() {
+        let members = vec![Member { id: NodeId(1), addr: "127.0.0.1:7100".into() }];
+        let epoch = EpochRecord::genesis(members, Timing::DEFAULT).unwrap();
+        let config = |listen: &str| NodeConfig {
+            id: 1,
+            listen: listen.parse().unwrap(),
+            client_listen: None,
+            data_dir: "data".into(),
+            ca: "ca.pem".into(),
+            cert: "cert.pem".into(),
+            key: "key.pem".into(),
+            genesis: "genesis.toml".into(),
+            locks: LockSettings::default(),
+        };
+        assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());
+        assert!(config("0.0.0.0:7100").check_listen(&epoch).is_ok(), "any address with the port");
+        assert!(matches!(
+            config("127.0.0.1:7200").check_listen(&epoch),
+            Err(ConfigError::ListenMismatch { id: 1, epoch: 1, .. })
+        ));
+        assert!(config("0.0.0.0:7200").check_listen(&epoch).is_err());
+        let mut other = config("127.0.0.1:7200");
+        other.id = 2;
+        assert!(other.check_listen(&epoch).is_ok(), "a node the epoch does not name yet");
     }
 }

@@ -4,6 +4,7 @@
 //! - [`core`]: the three protocol state machines of one node and the glue between them.
 //! - [`api`]: the client API, server side; [`client`]: the Rust client.
 //! - [`embedded`]: locking in-process through a [`Node`].
+//! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 
@@ -13,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod core;
 pub mod embedded;
+pub mod peers;
 pub mod pki;
 pub mod runtime;
 pub mod setup;

@@ -8,21 +8,22 @@ use clap::{Args, Parser, Subcommand};
 use keyhome::client::Client;
 use keyhome::config::{ClientProfile, LockSettings, NodeConfig};
 use keyhome::pki::Role;
-use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
 use keyhome::{Node, setup};
 use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, Member, NodeId, Timing};
 
-/// Exit status when the lock could not be taken within `--wait`.
-const EXIT_NOT_LOCKED: u8 = 3;
-/// Exit status when the lock was lost while the command ran (the command was signalled).
-const EXIT_LOST: u8 = 4;
 /// `keyhome token check` exits 0 when the key is held with the token now, and with one of these
 /// otherwise, clear of 1 (any error: no answer in time, a refusal), 2 (a usage error) and the
-/// statuses of `keyhome lock`.
+/// statuses of `keyhome lock` (123 to 127).
 const EXIT_SUPERSEDED: u8 = 5;
 const EXIT_NOT_HELD: u8 = 6;
 const EXIT_UNKNOWN_KEY: u8 = 7;
+
+mod cli {
+    pub mod dev;
+    pub mod lock;
+    pub mod process;
+}
 
 #[derive(Parser)]
 #[command(name = "keyhome", version = VERSION, about = "A distributed lock service with delegated key homes")]
@@ -35,7 +36,7 @@ struct Cli {
 enum Command {
     /// Start a local cluster of N nodes on loopback, with generated certificates, and keep it
     /// running until Ctrl-C.
-    Dev(DevArgs),
+    Dev(cli::dev::DevArgs),
     /// Create a cluster directory: a new CA and the genesis epoch.
     Init(InitArgs),
     /// Issue certificates from a cluster's CA.
@@ -47,8 +48,11 @@ enum Command {
         #[arg(long)]
         config: PathBuf,
     },
-    /// Run a command while holding a lock; its token is in KEYHOME_TOKEN.
-    Lock(LockArgs),
+    /// Run a command while holding a lock (its token is in KEYHOME_TOKEN); the command never
+    /// outlives the lock. Exit status: the command's, or 123 (the lock was ending and the command
+    /// was stopped), 124 (not locked within --wait), 125 (keyhome failed), 126/127 (the command
+    /// cannot run / was not found).
+    Lock(cli::lock::LockArgs),
     /// Show a node's view of the cluster.
     Status {
         #[command(flatten)]
@@ -66,11 +70,11 @@ enum Command {
 }
 
 #[derive(Args)]
-struct ProfileArg {
+pub struct ProfileArg {
     /// Client profile (node address and certificates). Default: $KEYHOME_PROFILE, else
     /// ./keyhome-dev/client-app/profile.toml.
     #[arg(long, env = "KEYHOME_PROFILE", default_value = "keyhome-dev/client-app/profile.toml")]
-    profile: PathBuf,
+    pub profile: PathBuf,
 }
 
 #[derive(Args)]
@@ -82,22 +86,7 @@ struct OperatorProfileArg {
 }
 
 #[derive(Args)]
-struct DevArgs {
-    /// Number of nodes.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
-    nodes: u64,
-    /// Cluster directory; reused if it exists (delete it for a fresh cluster).
-    #[arg(long, default_value = "keyhome-dev")]
-    dir: PathBuf,
-    /// UDP port of node 1; node i listens on port + i - 1.
-    #[arg(long, default_value_t = 7101)]
-    port: u16,
-    #[command(flatten)]
-    timing: TimingArgs,
-}
-
-#[derive(Args)]
-struct TimingArgs {
+pub struct TimingArgs {
     /// Home lease.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     home_lease: Duration,
@@ -110,7 +99,7 @@ struct TimingArgs {
 }
 
 impl TimingArgs {
-    fn timing(&self) -> Timing {
+    pub fn timing(&self) -> Timing {
         Timing {
             home_lease: self.home_lease,
             max_delegation_lease: self.delegation_lease,
@@ -159,26 +148,6 @@ struct IssueArgs {
     addr: Option<String>,
 }
 
-#[derive(Args)]
-struct LockArgs {
-    #[command(flatten)]
-    profile: ProfileArg,
-    /// The key to lock.
-    key: String,
-    /// How long the lock lasts without renewal; renewed every third of it while CMD runs.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    ttl: Duration,
-    /// How long to wait for the lock.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
-    wait: Duration,
-    /// How long CMD may take to exit after SIGTERM when the lock is lost, before SIGKILL.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    kill_after: Duration,
-    /// The command and its arguments.
-    #[arg(last = true, required = true)]
-    command: Vec<String>,
-}
-
 #[derive(Subcommand)]
 enum EpochCommand {
     /// Print the current epoch.
@@ -216,17 +185,27 @@ struct RecoverArgs {
 }
 
 #[derive(Args)]
-#[group(id = "change", required = true, multiple = false)]
 struct ProposeArgs {
     #[command(flatten)]
     profile: OperatorProfileArg,
-    /// Add node ID at HOST:PORT.
+    #[command(flatten)]
+    change: ChangeArgs,
+    /// Propose a new member even if it does not answer at its address now.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args)]
+#[group(id = "change", required = true, multiple = false)]
+struct ChangeArgs {
+    /// Add node ID at HOST:PORT (it must be running and answer there, unless --force).
     #[arg(long, group = "change", value_parser = parse_member)]
     add: Option<Member>,
     /// Remove node ID.
     #[arg(long, group = "change")]
     remove: Option<u64>,
-    /// Replace node OLD by NEW at HOST:PORT, as OLD=NEW=HOST:PORT.
+    /// Replace node OLD by NEW at HOST:PORT, as OLD=NEW=HOST:PORT (NEW must answer there, unless
+    /// --force).
     #[arg(long, group = "change", value_parser = parse_replace)]
     replace: Option<(NodeId, Member)>,
 }
@@ -244,7 +223,7 @@ enum TokenCommand {
     },
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (digits, unit) = s.split_at(split);
@@ -262,9 +241,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 fn parse_member(s: &str) -> Result<Member, String> {
     let (id, addr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not ID=HOST:PORT"))?;
     let id = id.parse().map_err(|_| format!("{id:?} is not a node id (a number)"))?;
-    if addr.is_empty() {
-        return Err(format!("{s:?} has no address"));
-    }
+    keyhome::config::check_member_addr(addr)?;
     Ok(Member { id: NodeId(id), addr: addr.to_string() })
 }
 
@@ -289,7 +266,19 @@ fn main() -> ExitCode {
         report(info);
         std::process::abort();
     }));
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // `keyhome lock` keeps the statuses CMD does not use for its own.
+            let lock = std::env::args().nth(1).is_some_and(|a| a == "lock");
+            return match e.exit_code() {
+                0 => ExitCode::SUCCESS,
+                _ if lock => ExitCode::from(cli::lock::EXIT_ERROR),
+                code => ExitCode::from(u8::try_from(code).unwrap_or(2)),
+            };
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -317,7 +306,7 @@ type Result<T, E = Box<dyn std::error::Error>> = std::result::Result<T, E>;
 
 async fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Dev(args) => dev(args).await,
+        Command::Dev(args) => cli::dev::run(args).await,
         Command::Init(args) => {
             let members: Vec<_> = args.nodes.iter().map(|m| (m.id, m.addr.clone())).collect();
             setup::init(&args.dir, &members, args.timing.timing())?;
@@ -327,7 +316,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         }
         Command::Certs(CertsCommand::Issue(args)) => issue(args),
         Command::Run { config } => run_node(&config).await,
-        Command::Lock(args) => lock(args).await,
+        Command::Lock(args) => Ok(cli::lock::run(args).await),
         Command::Status { profile, json } => {
             let status = connect(&profile.profile).await?.status().await?;
             if json {
@@ -355,12 +344,16 @@ async fn run(command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Epoch(EpochCommand::Propose(args)) => {
-            let change = match (args.add, args.remove, args.replace) {
+            let change = match (args.change.add, args.change.remove, args.change.replace) {
                 (Some(member), _, _) => Change::Add(member),
                 (_, Some(id), _) => Change::Remove(NodeId(id)),
                 (_, _, Some((old, new))) => Change::Replace { old, new },
                 _ => return Err("give one of --add, --remove, --replace".into()),
             };
+            if let (Change::Add(member) | Change::Replace { new: member, .. }, false) = (&change, args.force)
+            {
+                check_answers(&args.profile.profile, member).await?;
+            }
             let epoch = connect(&args.profile.profile).await?.propose(change).await?;
             println!("the change is part of epoch {epoch}");
             Ok(ExitCode::SUCCESS)
@@ -397,9 +390,38 @@ async fn run(command: Command) -> Result<ExitCode> {
     }
 }
 
-async fn connect(profile: &Path) -> Result<Client> {
+pub async fn connect(profile: &Path) -> Result<Client> {
     let profile = ClientProfile::load(profile)?;
     Ok(Client::connect(&profile).await?)
+}
+
+/// How long a new member may take to answer [`check_answers`].
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Checks, before it is proposed, that `member` runs and answers at its address with its own
+/// certificate (the handshake proves its id), so that a typo cannot add a member nobody reaches.
+async fn check_answers(profile: &Path, member: &Member) -> Result<()> {
+    let profile = ClientProfile::load(profile)?;
+    let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
+    let ca = keyhome::pki::load_ca(&profile.ca)?;
+    let not_answering = |why: String| {
+        format!(
+            "node {} does not answer at {}: {why}. Start it first (keyhome run --config …), check the \
+             address, or give --force to propose it anyway",
+            member.id.0, member.addr
+        )
+    };
+    let addr = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::lookup_host(member.addr.as_str()))
+        .await
+        .map_err(|_| not_answering("its address did not resolve in time".into()))?
+        .map_err(|e| not_answering(format!("its address does not resolve ({e})")))?
+        .next()
+        .ok_or_else(|| not_answering("its address resolves to nothing".into()))?;
+    Client::probe(member.id, addr, &identity, &ca, PROBE_TIMEOUT).await.map_err(|e| match e {
+        keyhome::client::ClientError::Connect { reason, .. } => not_answering(reason),
+        e => not_answering(e.to_string()),
+    })?;
+    Ok(())
 }
 
 fn issue(args: IssueArgs) -> Result<ExitCode> {
@@ -449,7 +471,7 @@ async fn run_node(config: &Path) -> Result<ExitCode> {
     }
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let Ok(mut term) = signal(SignalKind::terminate()) else {
         let _ = tokio::signal::ctrl_c().await;
@@ -458,201 +480,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
-    }
-}
-
-async fn lock(args: LockArgs) -> Result<ExitCode> {
-    let client = connect(&args.profile.profile).await?;
-    let mut events = client.events().await?;
-    let mut held = match client.lock(args.key.as_bytes(), args.ttl, args.wait).await {
-        Ok(held) => held,
-        Err(e) if e.kind() == Some(ErrorKind::Timeout) => {
-            eprintln!("keyhome: {:?} was not locked within {:?}: {e}", args.key, args.wait);
-            return Ok(ExitCode::from(EXIT_NOT_LOCKED));
-        }
-        Err(e) => return Err(e.into()),
-    };
-    let (program, rest) = args.command.split_first().ok_or("no command given")?;
-    let mut command = tokio::process::Command::new(program);
-    command
-        .args(rest)
-        .env("KEYHOME_KEY", &args.key)
-        .env("KEYHOME_TOKEN", held.token().to_string())
-        .env("KEYHOME_RECOVERED", if held.recovered() { "1" } else { "0" });
-    if let Some(note) = held.note().and_then(|n| std::str::from_utf8(n).ok()) {
-        command.env("KEYHOME_NOTE", note);
-    }
-    let mut child = command.spawn().map_err(|e| format!("cannot run {program:?}: {e}"))?;
-    let mut renew = tokio::time::interval(args.ttl / 3);
-    renew.tick().await;
-    let handle = held.handle();
-    let lost = loop {
-        tokio::select! {
-            status = child.wait() => {
-                let status = status?;
-                held.unlock(None).await?;
-                return Ok(exit_code(status));
-            }
-            _ = renew.tick() => {
-                if let Err(e) = held.renew(args.ttl).await {
-                    break format!("renewal failed: {e}");
-                }
-            }
-            event = events.next() => match event {
-                Some(ClientEvent { handle: h, kind: EventKind::Expired, .. }) if h == handle => {
-                    break "the lock expired".to_string();
-                }
-                Some(_) => {}
-                None => break "the connection to the node was lost".to_string(),
-            },
-            _ = shutdown_signal() => {
-                signal_child(&child, rustix::process::Signal::TERM);
-                let status = child.wait().await?;
-                held.unlock(None).await?;
-                return Ok(exit_code(status));
-            }
-        }
-    };
-    eprintln!("keyhome: lost the lock on {:?}: {lost}; stopping the command", args.key);
-    signal_child(&child, rustix::process::Signal::TERM);
-    if tokio::time::timeout(args.kill_after, child.wait()).await.is_err() {
-        let _ = child.kill().await;
-    }
-    let _ = held.forget();
-    Ok(ExitCode::from(EXIT_LOST))
-}
-
-fn signal_child(child: &tokio::process::Child, signal: rustix::process::Signal) {
-    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
-        let _ = rustix::process::kill_process(pid, signal);
-    }
-}
-
-fn exit_code(status: std::process::ExitStatus) -> ExitCode {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
-        (None, Some(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
-        _ => ExitCode::FAILURE,
-    }
-}
-
-async fn dev(args: DevArgs) -> Result<ExitCode> {
-    let fresh = !args.dir.join("genesis.toml").exists();
-    let configs: Vec<PathBuf> = if fresh {
-        setup::dev_cluster(&args.dir, args.nodes, args.port, args.timing.timing(), &LockSettings::default())?
-    } else {
-        (1..=args.nodes)
-            .map(|i| setup::identity_dir(&args.dir, &Role::Node(NodeId(i))).join("node.toml"))
-            .collect()
-    };
-    let exe = std::env::current_exe()?;
-    let mut children = Vec::new();
-    for config in &configs {
-        let log = std::fs::File::create(config.with_file_name("node.log"))?;
-        let child = tokio::process::Command::new(&exe)
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()?;
-        children.push(child);
-    }
-    let dir = args.dir.display();
-    let ready = tokio::select! {
-        r = demo_lock(&args.dir, configs.len() as u64) => r,
-        (status, i) = first_exit(&mut children) => Err(format!("node {} exited ({status}); see its node.log", i + 1).into()),
-    };
-    if let Err(e) = ready {
-        for child in &mut children {
-            let _ = child.kill().await;
-        }
-        return Err(e);
-    }
-    println!(
-        "keyhome dev: {} nodes on 127.0.0.1:{}..{} ({}; logs in {dir}/node-*/node.log)",
-        configs.len(),
-        args.port,
-        u64::from(args.port) + configs.len() as u64 - 1,
-        if fresh { "new cluster" } else { "existing cluster" },
-    );
-    println!("try, in another shell in this directory:");
-    println!("  keyhome status");
-    println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
-    println!("  keyhome epoch show");
-    println!("  keyhome status --profile {dir}/operator/profile.toml --json");
-    println!(
-        "(profiles: {dir}/client-app/profile.toml and {dir}/operator/profile.toml; Ctrl-C stops the cluster)"
-    );
-    let exited = first_exit(&mut children);
-    tokio::select! {
-        _ = shutdown_signal() => {}
-        (status, i) = exited => eprintln!("node {} exited ({status}); stopping the cluster", i + 1),
-    }
-    for child in &children {
-        signal_child(child, rustix::process::Signal::TERM);
-    }
-    for child in &mut children {
-        if tokio::time::timeout(Duration::from_secs(5), child.wait()).await.is_err() {
-            let _ = child.kill().await;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
-/// through the last node, which receives the note; waits up to 30 s for the cluster to form.
-async fn demo_lock(dir: &Path, nodes: u64) -> Result<()> {
-    let profile_path = setup::identity_dir(dir, &Role::Client("app".into())).join("profile.toml");
-    let profile = ClientProfile::load(&profile_path)?;
-    let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
-    let ca = keyhome::pki::load_ca(&profile.ca)?;
-    let last = NodeId(nodes);
-    let last_addr =
-        keyhome::config::NodeConfig::load(&setup::identity_dir(dir, &Role::Node(last)).join("node.toml"))?
-            .listen;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let (ttl, wait) = (Duration::from_secs(5), Duration::from_secs(2));
-    loop {
-        let attempt = async {
-            let first = Client::connect(&profile).await?;
-            let held = first.lock(b"hello", ttl, wait).await?;
-            let token = held.token();
-            held.unlock(Some(b"hello from node 1".to_vec())).await?;
-            let other = Client::connect_with(last, last_addr, &identity, &ca).await?;
-            let held = other.lock(b"hello", ttl, wait).await?;
-            let seen = (held.token(), String::from_utf8_lossy(held.note().unwrap_or_default()).into_owned());
-            held.unlock(None).await?;
-            Ok::<_, keyhome::client::ClientError>((token, seen))
-        };
-        match attempt.await {
-            Ok((first, (second, note))) => {
-                println!(
-                    "cluster ready: locked \"hello\" through node 1 (token {first}), then through node {} \
-                     (token {second}, handed the note {note:?})",
-                    last.0
-                );
-                return Ok(());
-            }
-            Err(e) if tokio::time::Instant::now() < deadline => {
-                tracing::debug!("cluster not ready yet: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => return Err(format!("the cluster did not lock within 30 s: {e}").into()),
-        }
-    }
-}
-
-/// Waits for the first child to exit: its status, its index.
-async fn first_exit(children: &mut [tokio::process::Child]) -> (std::process::ExitStatus, usize) {
-    loop {
-        for (i, child) in children.iter_mut().enumerate() {
-            if let Ok(Some(status)) = child.try_wait() {
-                return (status, i);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }

@@ -118,6 +118,8 @@ pub(crate) struct Shared {
     failure: Mutex<Option<String>>,
     pub config: NodeConfig,
     pub api: crate::api::Sessions,
+    /// Accepted peer connections, to notice two processes claiming one id.
+    peer_conns: crate::peers::PeerConnections,
     rt: tokio::runtime::Handle,
 }
 
@@ -155,6 +157,7 @@ impl Node {
         }
         let durable =
             store.load()?.ok_or_else(|| StoreError::Missing { path: store.path().to_path_buf() })?;
+        config.check_listen(&durable.current)?;
         let genesis_digest = durable.genesis_digest;
 
         let clock = BootClock::new();
@@ -215,6 +218,7 @@ impl Node {
             shutdown,
             failure: Mutex::new(None),
             api: crate::api::Sessions::new(),
+            peer_conns: crate::peers::PeerConnections::default(),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -605,6 +609,7 @@ async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming, serves
 }
 
 async fn serve_peer(shared: Arc<Shared>, conn: quinn::Connection, peer: NodeId) {
+    let _registered = shared.peer_conns.register(peer, conn.remote_address());
     while let Ok(recv) = conn.accept_uni().await {
         tokio::spawn(read_peer_stream(Arc::clone(&shared), conn.clone(), peer, recv));
     }

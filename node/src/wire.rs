@@ -141,6 +141,9 @@ impl From<CloseCode> for quinn::VarInt {
 
 // ---- client protocol (ALPN `keyhome-client/1`) ----
 
+/// Longest a node takes to answer a [`Request::Propose`]: it then says "no decision yet".
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A client request: one per bidirectional stream, answered by one [`Response`]; except
 /// [`Request::Subscribe`], answered by a stream of [`ClientEvent`]s.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -166,6 +169,23 @@ pub enum Request {
     RecoverUnsafe { members: Vec<keyhome_epoch::Member>, stopped: Vec<NodeId>, skip: u64 },
     /// Stream [`ClientEvent`]s for handles this connection holds.
     Subscribe,
+}
+
+impl Request {
+    /// The request's name, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Request::Lock { .. } => "lock",
+            Request::Renew { .. } => "renew",
+            Request::Unlock { .. } => "unlock",
+            Request::Check { .. } => "check",
+            Request::Status => "status",
+            Request::EpochShow => "epoch show",
+            Request::Propose(_) => "propose",
+            Request::RecoverUnsafe { .. } => "recover",
+            Request::Subscribe => "subscribe",
+        }
+    }
 }
 
 /// A lock admitted.

@@ -309,12 +309,23 @@ impl Cluster {
         }
     }
 
-    /// Runs the built `keyhome` binary with `args` in the cluster directory; returns its output.
-    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+    /// The built `keyhome` binary with `args`, to run in the cluster directory (it dies with the
+    /// test).
+    pub fn cli_command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(keyhome_binary());
         command.args(args).current_dir(&self.dir).stdin(Stdio::null());
         die_with_parent(&mut command);
-        command.output().expect("run keyhome")
+        command
+    }
+
+    /// Runs the built `keyhome` binary with `args` in the cluster directory; returns its output.
+    pub fn cli(&self, args: &[&str]) -> std::process::Output {
+        self.cli_command(args).output().expect("run keyhome")
+    }
+
+    /// The process id of node `id`, while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.children[(id - 1) as usize].as_ref().map(Child::id)
     }
 
     /// Starts the built `keyhome` binary with `args` in the cluster directory, its stdin a pipe

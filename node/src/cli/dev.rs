@@ -1,0 +1,236 @@
+//! `keyhome dev`: a local cluster of `keyhome run` processes on loopback, kept running until
+//! Ctrl-C. A node that exits (crashed, or killed to try a failover) is started again after
+//! `--restart-after`, unless `--no-restart`; the other nodes keep running either way. The nodes
+//! die with `keyhome dev`, however it ends.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use keyhome::client::Client;
+use keyhome::config::{ClientProfile, LockSettings};
+use keyhome::pki::Role;
+use keyhome::setup;
+use keyhome_epoch::NodeId;
+use tokio::time::Instant;
+
+/// How often the node processes are checked.
+const POLL: Duration = Duration::from_millis(200);
+/// How long the cluster may take to lock for the first time.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// How long each node may take to stop after SIGTERM before it is killed.
+const STOP_WITHIN: Duration = Duration::from_secs(5);
+
+#[derive(Args)]
+pub struct DevArgs {
+    /// Number of nodes.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=64))]
+    nodes: u64,
+    /// Cluster directory; reused if it exists (delete it for a fresh cluster).
+    #[arg(long, default_value = "keyhome-dev")]
+    dir: PathBuf,
+    /// UDP port of node 1; node i listens on port + i - 1.
+    #[arg(long, default_value_t = 7101)]
+    port: u16,
+    /// How long after a node exits it is started again.
+    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    restart_after: Duration,
+    /// Leave a node that exits down (to try `keyhome epoch propose --remove`, say).
+    #[arg(long)]
+    no_restart: bool,
+    #[command(flatten)]
+    timing: crate::TimingArgs,
+}
+
+pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let fresh = !args.dir.join("genesis.toml").exists();
+    let configs: Vec<PathBuf> = if fresh {
+        setup::dev_cluster(&args.dir, args.nodes, args.port, args.timing.timing(), &LockSettings::default())?
+    } else {
+        (1..=args.nodes)
+            .map(|i| setup::identity_dir(&args.dir, &Role::Node(NodeId(i))).join("node.toml"))
+            .collect()
+    };
+    let mut nodes = Nodes::start(configs)?;
+    let dir = args.dir.display();
+    let restart = (!args.no_restart).then_some(args.restart_after);
+    let count = nodes.len();
+    let ready = tokio::select! {
+        r = demo_lock(&args.dir, count) => r,
+        _ = nodes.supervise(restart) => Err("every node exited; see their node.log".into()),
+    };
+    if let Err(e) = ready {
+        nodes.stop().await;
+        return Err(e);
+    }
+    println!(
+        "keyhome dev: {} nodes on 127.0.0.1:{}..{} ({}; logs in {dir}/node-*/node.log)",
+        count,
+        args.port,
+        u64::from(args.port) + count - 1,
+        if fresh { "new cluster" } else { "existing cluster" },
+    );
+    println!("try, in another shell in this directory:");
+    println!("  keyhome status");
+    println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
+    println!("  keyhome epoch show");
+    println!("  keyhome status --profile {dir}/operator/profile.toml --json");
+    println!(
+        "(profiles: {dir}/client-app/profile.toml and {dir}/operator/profile.toml; Ctrl-C stops the cluster)"
+    );
+    tokio::select! {
+        _ = crate::shutdown_signal() => {}
+        _ = nodes.supervise(restart) => {}
+    }
+    nodes.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The node processes, by id - 1.
+struct Nodes {
+    exe: PathBuf,
+    configs: Vec<PathBuf>,
+    children: Vec<Option<tokio::process::Child>>,
+    /// When each node that is down is to be started again.
+    due: Vec<Option<Instant>>,
+}
+
+impl Nodes {
+    /// Starts one `keyhome run` per configuration, each logging to `node.log` beside it.
+    fn start(configs: Vec<PathBuf>) -> std::io::Result<Nodes> {
+        let n = configs.len();
+        let mut nodes =
+            Nodes { exe: std::env::current_exe()?, children: Vec::new(), configs, due: vec![None; n] };
+        for i in 0..n {
+            std::fs::File::create(nodes.log(i))?;
+            let child = nodes.spawn(i)?;
+            nodes.children.push(Some(child));
+        }
+        Ok(nodes)
+    }
+
+    fn len(&self) -> u64 {
+        self.configs.len() as u64
+    }
+
+    fn log(&self, i: usize) -> PathBuf {
+        self.configs[i].with_file_name("node.log")
+    }
+
+    /// Starts node `i + 1`, appending to its log.
+    fn spawn(&self, i: usize) -> std::io::Result<tokio::process::Child> {
+        let log = std::fs::OpenOptions::new().append(true).create(true).open(self.log(i))?;
+        let mut command = std::process::Command::new(&self.exe);
+        command.arg("run").arg("--config").arg(&self.configs[i]).stdout(log.try_clone()?).stderr(log);
+        super::process::die_with_this_process(&mut command);
+        tokio::process::Command::from(command).kill_on_drop(true).spawn()
+    }
+
+    /// The nodes that exited since the last call, now marked down.
+    fn reap(&mut self) -> Vec<(usize, std::process::ExitStatus)> {
+        let mut exited = Vec::new();
+        for (i, slot) in self.children.iter_mut().enumerate() {
+            if let Some(child) = slot
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                exited.push((i, status));
+                *slot = None;
+            }
+        }
+        exited
+    }
+
+    /// Keeps the cluster running: restarts each node that exits `restart` after it did (or
+    /// leaves it down). Returns only if every node is down for good. Cancel-safe: what is due
+    /// is kept in `self`.
+    async fn supervise(&mut self, restart: Option<Duration>) {
+        loop {
+            for (i, status) in self.reap() {
+                match restart {
+                    Some(after) => {
+                        eprintln!("node {} exited ({status}); starting it again in {after:?}", i + 1);
+                        self.due[i] = Some(Instant::now() + after);
+                    }
+                    None => eprintln!("node {} exited ({status}); leaving it down (--no-restart)", i + 1),
+                }
+            }
+            for i in 0..self.due.len() {
+                if self.due[i].is_some_and(|at| at <= Instant::now()) {
+                    self.due[i] = None;
+                    match self.spawn(i) {
+                        Ok(child) => {
+                            eprintln!("node {} started again", i + 1);
+                            self.children[i] = Some(child);
+                        }
+                        Err(e) => eprintln!("node {} cannot be started again: {e}", i + 1),
+                    }
+                }
+            }
+            if self.children.iter().all(Option::is_none) && self.due.iter().all(Option::is_none) {
+                eprintln!("every node is down");
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// SIGTERM to every running node (each gives its delegations back), SIGKILL to any still
+    /// running after [`STOP_WITHIN`].
+    async fn stop(&mut self) {
+        for child in self.children.iter().flatten() {
+            if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        }
+        for child in self.children.iter_mut().flatten() {
+            if tokio::time::timeout(STOP_WITHIN, child.wait()).await.is_err() {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+/// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
+/// through the last node, which receives the note; waits up to [`READY_WITHIN`] for the cluster
+/// to form.
+async fn demo_lock(dir: &Path, nodes: u64) -> Result<(), Box<dyn std::error::Error>> {
+    let profile_path = setup::identity_dir(dir, &Role::Client("app".into())).join("profile.toml");
+    let profile = ClientProfile::load(&profile_path)?;
+    let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
+    let ca = keyhome::pki::load_ca(&profile.ca)?;
+    let last = NodeId(nodes);
+    let last_addr =
+        keyhome::config::NodeConfig::load(&setup::identity_dir(dir, &Role::Node(last)).join("node.toml"))?
+            .listen;
+    let deadline = Instant::now() + READY_WITHIN;
+    let (ttl, wait) = (Duration::from_secs(5), Duration::from_secs(2));
+    loop {
+        let attempt = async {
+            let first = Client::connect(&profile).await?;
+            let held = first.lock(b"hello", ttl, wait).await?;
+            let token = held.token();
+            held.unlock(Some(b"hello from node 1".to_vec())).await?;
+            let other = Client::connect_with(last, last_addr, &identity, &ca).await?;
+            let held = other.lock(b"hello", ttl, wait).await?;
+            let seen = (held.token(), String::from_utf8_lossy(held.note().unwrap_or_default()).into_owned());
+            held.unlock(None).await?;
+            Ok::<_, keyhome::client::ClientError>((token, seen))
+        };
+        match attempt.await {
+            Ok((first, (second, note))) => {
+                println!(
+                    "cluster ready: locked \"hello\" through node 1 (token {first}), then through node {} \
+                     (token {second}, handed the note {note:?})",
+                    last.0
+                );
+                return Ok(());
+            }
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("cluster not ready yet: {e}");
+                tokio::time::sleep(POLL).await;
+            }
+            Err(e) => return Err(format!("the cluster did not lock within {READY_WITHIN:?}: {e}").into()),
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! `keyhome lock KEY -- CMD…`: runs CMD while holding KEY's lock, and never lets CMD outlive it.
+//!
+//! # The deadline
+//!
+//! The wrapper plans against the lock's deadline `D` as the Rust client counts it
+//! ([`ClientLock::deadline`]: the send instant of the latest lock or renewal request plus the
+//! `valid_for` answered, on the boot clock). No other holder of the key is admitted before `D`.
+//!
+//! - Renewals go out every third of the time left before the SIGTERM instant below, each with a
+//!   timeout; a renewal that fails, times out or does not move `D` later is retried, and moves
+//!   nothing.
+//! - Unless renewed, CMD gets SIGTERM at `D − kill_after − margin` and SIGKILL at `D − margin`
+//!   (see [`Plan::new`]), so even a CMD that ignores SIGTERM is gone before `D`. When the lock is known to be over (the
+//!   node says the handle is lost, or the connection to it ended) SIGTERM goes at once, SIGKILL
+//!   `kill_after` later or at `D − margin`, whichever is first.
+//!
+//! Only a pause of the wrapper itself (SIGSTOP, a frozen machine) can make CMD outlive `D`: the
+//! fencing token is what protects a resource then.
+//!
+//! # CMD's process group
+//!
+//! CMD leads a process group of its own, and every signal goes to the whole group. The wrapper is
+//! a child subreaper, so it reaps CMD's orphaned children too, and it holds (and renews) the lock
+//! until the group is empty: when CMD exits and leaves children behind, they get SIGTERM, then
+//! SIGKILL after `kill_after`. A process that leaves the group (`setsid`, `setpgid`) is not
+//! followed. CMD dies with the wrapper (`PR_SET_PDEATHSIG`) if the wrapper is killed outright.
+//!
+//! # Signals to the wrapper
+//!
+//! SIGTERM, SIGINT and SIGHUP are passed on to CMD's group as they are; the lock is kept and
+//! renewed while CMD finishes; SIGKILL follows `kill_after` after the first of them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use keyhome::client::{Client, ClientError, ClientLock};
+use keyhome::clock::{BootClock, MAX_SLEEP};
+use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
+use keyhome_delegation::Limits;
+use keyhome_epoch::Instant;
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// CMD was stopped because the lock was ending (not renewed in time, or lost).
+pub const EXIT_LOST: u8 = 123;
+/// The lock was not taken within `--wait`; CMD did not run.
+pub const EXIT_NOT_LOCKED: u8 = 124;
+/// keyhome failed before CMD ran (bad options, profile, node unreachable, a refused lock).
+pub const EXIT_ERROR: u8 = 125;
+/// CMD was found but could not be run.
+pub const EXIT_CANNOT_RUN: u8 = 126;
+/// CMD was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// How long an unlock after a cut-short CMD may take: the lock is ending anyway.
+const GIVE_BACK_WITHIN: Duration = Duration::from_secs(1);
+/// Shortest pause between two renewal attempts.
+const MIN_RETRY: Duration = Duration::from_millis(20);
+
+#[derive(Args)]
+pub struct LockArgs {
+    #[command(flatten)]
+    pub profile: crate::ProfileArg,
+    /// The key to lock.
+    pub key: String,
+    /// How long the lock lasts without renewal (the node may grant less: at most what is left of
+    /// its delegation). Renewed while CMD runs.
+    #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
+    pub ttl: Duration,
+    /// How long to wait for the lock; exit 124 if it was not taken by then.
+    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
+    pub wait: Duration,
+    /// How long CMD has between SIGTERM and SIGKILL [default: 1s, or a quarter of the time the
+    /// lock is first granted for, if shorter]. Must leave room before the lock's deadline: keep
+    /// it under half the delegation lease.
+    #[arg(long, value_parser = crate::parse_duration)]
+    pub kill_after: Option<Duration>,
+    /// A handoff note for the key's next holder.
+    #[arg(long, conflicts_with = "note_file")]
+    pub note: Option<String>,
+    /// A file whose contents (read when CMD is done, at most 4 KiB) are the handoff note; CMD
+    /// finds its path in KEYHOME_NOTE_FILE. No file, no note.
+    #[arg(long)]
+    pub note_file: Option<PathBuf>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+}
+
+/// Runs `keyhome lock`; every failure of keyhome's own is [`EXIT_ERROR`].
+pub async fn run(args: LockArgs) -> ExitCode {
+    match lock(args).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("keyhome lock: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Shortest time kept between SIGKILL and the deadline.
+const MIN_MARGIN: Duration = Duration::from_millis(50);
+/// Longest default `--kill-after`.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(1);
+
+impl Plan {
+    /// The timing for a lock first granted for `valid_for`: the margin kept between SIGKILL and
+    /// the deadline (for the kill to land, and for timers that fire late) is a twentieth of it,
+    /// 50 ms to 1 s; `kill_after` is as given, else 1 s or a quarter of `valid_for` if shorter.
+    fn new(ttl: Duration, kill_after: Option<Duration>, valid_for: Duration) -> Plan {
+        Plan {
+            ttl,
+            kill_after: kill_after.unwrap_or((valid_for / 4).min(DEFAULT_KILL_AFTER)),
+            margin: (valid_for / 20).clamp(MIN_MARGIN, Duration::from_secs(1)),
+        }
+    }
+}
+
+/// The instant CMD must get SIGTERM unless the lock is renewed.
+fn term_at(deadline: Instant, kill_after: Duration, margin: Duration) -> Instant {
+    deadline - kill_after - margin
+}
+
+async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if let Some(kill_after) = args.kill_after
+        && kill_after + MIN_MARGIN >= args.ttl
+    {
+        return Err(format!("--kill-after {kill_after:?} leaves no time within --ttl {:?}", args.ttl).into());
+    }
+    let (program, rest) = args.command.split_first().ok_or("no command given")?;
+    let client = crate::connect(&args.profile.profile).await?;
+    let clock = client.clock();
+    let mut held = match client.lock(args.key.as_bytes(), args.ttl, args.wait).await {
+        Ok(held) => held,
+        Err(e) if e.kind() == Some(ErrorKind::Timeout) || matches!(e, ClientError::TimedOut { .. }) => {
+            eprintln!("keyhome lock: {:?} was not locked within {:?}: {e}", args.key, args.wait);
+            return Ok(ExitCode::from(EXIT_NOT_LOCKED));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let lost = watch_events(&client, held.handle()).await?;
+    let plan = Plan::new(args.ttl, args.kill_after, held.valid_for());
+    if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
+        // A delegation near its end: its holder node renews it once half of it is left.
+        held.renew(args.ttl).await?;
+        if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
+            let valid_for = held.valid_for();
+            let _ = held.unlock(None).await;
+            return Err(format!(
+                "the lock is valid for only {valid_for:?}: no room for --kill-after {:?} plus a {:?} \
+                 margin; use a shorter --kill-after (under half the delegation lease)",
+                plan.kill_after, plan.margin
+            )
+            .into());
+        }
+    }
+    let signals = Signals::new()?;
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    let mut command = std::process::Command::new(program);
+    command
+        .args(rest)
+        .env("KEYHOME_KEY", &args.key)
+        .env("KEYHOME_TOKEN", held.token().to_string())
+        .env("KEYHOME_RECOVERED", if held.recovered() { "1" } else { "0" });
+    match held.note().map(std::str::from_utf8) {
+        Some(Ok(note)) => command.env("KEYHOME_NOTE", note),
+        _ => command.env_remove("KEYHOME_NOTE"),
+    };
+    if let Some(path) = &args.note_file {
+        command.env("KEYHOME_NOTE_FILE", path);
+    }
+    let leader = match spawn_in_group(command) {
+        Ok(pid) => pid,
+        Err(e) => {
+            let code = match e.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                _ => EXIT_CANNOT_RUN,
+            };
+            eprintln!("keyhome lock: cannot run {program:?}: {e}");
+            let _ = held.unlock(None).await;
+            return Ok(ExitCode::from(code));
+        }
+    };
+    let mut group = Group { leader, status: None };
+    let outcome = supervise(&mut group, held, plan, clock, signals, lost).await;
+    let status = group.status.map_or(ExitCode::FAILURE, exit_code);
+    match outcome {
+        Outcome { held, cut_short: Some(why) } => {
+            eprintln!("keyhome lock: the lock on {:?} was ending ({why}): CMD was stopped", args.key);
+            if let Some(held) = held {
+                let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.unlock(None)).await;
+            }
+            Ok(ExitCode::from(EXIT_LOST))
+        }
+        Outcome { held, cut_short: None } => {
+            // CMD's status stands whatever the unlock does: CMD finished within the lock.
+            let unlocked = match held {
+                Some(held) => held.unlock(handoff_note(&args)).await.map_err(|e| e.to_string()),
+                None => Err("the lock was lost".into()),
+            };
+            if let Err(e) = unlocked {
+                eprintln!("keyhome lock: unlocking {:?} failed: {e}", args.key);
+            }
+            Ok(status)
+        }
+    }
+}
+
+/// The note to leave: `--note`, or the contents of `--note-file` if CMD left one that fits.
+fn handoff_note(args: &LockArgs) -> Option<Vec<u8>> {
+    if let Some(note) = &args.note {
+        return Some(note.clone().into_bytes());
+    }
+    let path = args.note_file.as_ref()?;
+    let max = Limits::DEFAULT.max_note_len;
+    match std::fs::read(path) {
+        Ok(note) if note.len() <= max => Some(note),
+        Ok(note) => {
+            eprintln!(
+                "keyhome lock: {} holds {} bytes, over the {max}-byte note limit: no note",
+                path.display(),
+                note.len()
+            );
+            None
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => {
+            eprintln!("keyhome lock: cannot read {}: {e}; no note", path.display());
+            None
+        }
+    }
+}
+
+/// Subscribes to the connection's events; the receiver yields why the lock is over when
+/// `handle` expired, or when the stream (the connection) ends. The reading task owns the stream:
+/// reading a frame is not cancel-safe.
+async fn watch_events(client: &Client, handle: u64) -> Result<LostEvents, ClientError> {
+    let mut events = client.events().await?;
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        loop {
+            // A recall needs nothing here: renewals stop extending the lock, which the plan
+            // already treats as failing renewals.
+            let why = match events.next().await {
+                Some(ClientEvent { handle: h, kind: EventKind::Expired, .. }) if h == handle => {
+                    format!("handle {handle} expired")
+                }
+                Some(_) => continue,
+                None => "the connection to the node ended".to_string(),
+            };
+            if tx.send(why).await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(LostEvents { rx })
+}
+
+/// Loss reports from the node, see [`watch_events`].
+struct LostEvents {
+    rx: mpsc::Receiver<String>,
+}
+
+/// The signals the wrapper handles.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    child: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            hup: signal(SignalKind::hangup())?,
+            child: signal(SignalKind::child())?,
+        })
+    }
+}
+
+/// Starts `command` as the leader of a new process group, to die with this process.
+fn spawn_in_group(mut command: std::process::Command) -> std::io::Result<Pid> {
+    use std::os::unix::process::CommandExt;
+    command.process_group(0);
+    super::process::die_with_this_process(&mut command);
+    let child = command.spawn()?;
+    // Reaped by `Group::reap`, not by `Child::wait`.
+    Pid::from_raw(child.id() as i32).ok_or_else(|| std::io::Error::other("no process id"))
+}
+
+/// CMD's process group: its leader's pid (also the group id) and, once reaped, its status.
+struct Group {
+    leader: Pid,
+    status: Option<WaitStatus>,
+}
+
+impl Group {
+    /// Reaps every exited child of this process in the group; whether the group is now empty.
+    fn reap(&mut self) -> bool {
+        while let Ok(Some((pid, status))) = rustix::process::waitpgid(self.leader, WaitOptions::NOHANG) {
+            if pid == self.leader {
+                self.status = Some(status);
+            }
+        }
+        self.status.is_some() && rustix::process::test_kill_process_group(self.leader).is_err()
+    }
+
+    fn signal(&self, signal: Signal) {
+        let _ = rustix::process::kill_process_group(self.leader, signal);
+    }
+}
+
+/// The timing the wrapper keeps.
+#[derive(Clone, Copy)]
+struct Plan {
+    ttl: Duration,
+    kill_after: Duration,
+    margin: Duration,
+}
+
+/// How supervision ended, once CMD's group is empty.
+struct Outcome {
+    /// The lock, unless the renewal task holding it failed.
+    held: Option<ClientLock>,
+    /// Why keyhome signalled CMD because the lock was ending; `None`: CMD finished within the
+    /// lock.
+    cut_short: Option<String>,
+}
+
+type Renewal = JoinHandle<(ClientLock, Result<Result<Duration, ClientError>, tokio::time::error::Elapsed>)>;
+
+/// Runs until CMD's group is empty, renewing the lock and signalling the group as the module
+/// documentation says.
+async fn supervise(
+    group: &mut Group,
+    held: ClientLock,
+    plan: Plan,
+    clock: BootClock,
+    mut signals: Signals,
+    mut lost_events: LostEvents,
+) -> Outcome {
+    let mut deadline = held.deadline();
+    let mut idle = Some(held);
+    let mut renewal: Option<Renewal> = None;
+    let mut renew_at = next_renewal(clock.now(), deadline, plan);
+    // Why the lock is over (no renewal can help any more), and whether keyhome signalled CMD
+    // because the lock was ending.
+    let mut lost: Option<String> = None;
+    let mut cut_short: Option<String> = None;
+    let mut term_sent: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        let now = clock.now();
+        if group.reap() {
+            break;
+        }
+        // What is due now.
+        let term_due = term_at(deadline, plan.kill_after, plan.margin);
+        if term_sent.is_none() {
+            let why = if let Some(why) = &lost {
+                Some(why.clone())
+            } else if now >= term_due {
+                Some(format!(
+                    "not renewed in time: SIGTERM is due {:?} before its deadline",
+                    plan.kill_after + plan.margin
+                ))
+            } else if group.status.is_some() {
+                // CMD exited and left children in its group: they go too.
+                group.signal(Signal::TERM);
+                term_sent = Some(now);
+                None
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                group.signal(Signal::TERM);
+                term_sent = Some(now);
+                cut_short = Some(why);
+            }
+        }
+        let last_kill = deadline - plan.margin;
+        let kill_due = term_sent.map_or(last_kill, |t| (t + plan.kill_after).min(last_kill));
+        if !killed && now >= kill_due {
+            group.signal(Signal::KILL);
+            killed = true;
+            if now >= last_kill && cut_short.is_none() {
+                cut_short = Some("its deadline was near".into());
+            }
+        }
+        if lost.is_none()
+            && renewal.is_none()
+            && now >= renew_at
+            && let Some(mut held) = idle.take()
+        {
+            let timeout = (term_due.saturating_duration_since(now) / 2).max(MIN_RETRY);
+            let ttl = plan.ttl;
+            renewal = Some(tokio::spawn(async move {
+                let result = tokio::time::timeout(timeout, held.renew(ttl)).await;
+                (held, result)
+            }));
+        }
+        // Sleep until the next thing due, at most `MAX_SLEEP` (the boot clock is re-read on every
+        // wake, so a suspend is noticed).
+        let mut next = now + MAX_SLEEP;
+        if term_sent.is_none() {
+            next = next.min(term_due);
+        }
+        if !killed {
+            next = next.min(kill_due);
+        }
+        if lost.is_none() && renewal.is_none() {
+            next = next.min(renew_at);
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(clock.until(next)) => {}
+            _ = signals.child.recv() => {}
+            Some(why) = lost_events.rx.recv(), if lost.is_none() => lost = Some(why),
+            joined = async { renewal.as_mut().expect("guarded").await }, if renewal.is_some() => {
+                renewal = None;
+                let now = clock.now();
+                match joined {
+                    Ok((held, result)) => {
+                        match result {
+                            Ok(Ok(_)) if held.deadline() > deadline => {
+                                deadline = held.deadline();
+                                renew_at = next_renewal(now, deadline, plan);
+                            }
+                            // Not extended (the delegation is due for renewal, or the key was
+                            // recalled), timed out, or refused for now: try again soon.
+                            Ok(Ok(_)) | Err(_) => renew_at = retry_at(now, deadline, plan),
+                            Ok(Err(e)) if is_final(&e) => lost = Some(format!("renewal failed: {e}")),
+                            Ok(Err(_)) => renew_at = retry_at(now, deadline, plan),
+                        }
+                        idle = Some(held);
+                    }
+                    Err(_) => lost = Some("the renewal task failed".into()),
+                }
+            }
+            _ = signals.term.recv() => forward(group, Signal::TERM, &mut term_sent, now),
+            _ = signals.int.recv() => forward(group, Signal::INT, &mut term_sent, now),
+            _ = signals.hup.recv() => forward(group, Signal::HUP, &mut term_sent, now),
+        }
+    }
+    // A renewal still in flight ends within its timeout and gives the lock back.
+    if let Some(renewal) = renewal
+        && let Ok((held, _)) = renewal.await
+    {
+        idle = Some(held);
+    }
+    Outcome { held: idle, cut_short }
+}
+
+/// Passes a signal the wrapper received on to CMD's group; SIGKILL follows `kill_after` after
+/// the first.
+fn forward(group: &Group, signal: Signal, term_sent: &mut Option<Instant>, now: Instant) {
+    group.signal(signal);
+    term_sent.get_or_insert(now);
+}
+
+/// When to renew after the deadline moved: a third of the way to the SIGTERM instant.
+fn next_renewal(now: Instant, deadline: Instant, plan: Plan) -> Instant {
+    now + term_at(deadline, plan.kill_after, plan.margin).saturating_duration_since(now) / 3
+}
+
+/// When to try again after a renewal that did not extend the lock.
+fn retry_at(now: Instant, deadline: Instant, plan: Plan) -> Instant {
+    now + (term_at(deadline, plan.kill_after, plan.margin).saturating_duration_since(now) / 4).max(MIN_RETRY)
+}
+
+/// Whether a renewal error means the lock is over: the node says so, or the connection is gone.
+fn is_final(e: &ClientError) -> bool {
+    e.kind() == Some(ErrorKind::Lost) || matches!(e, ClientError::Connection(_))
+}
+
+/// The exit status of a shell for `status`: the code, or 128 + the signal that killed it.
+fn exit_code(status: WaitStatus) -> ExitCode {
+    match (status.exit_status(), status.terminating_signal()) {
+        (Some(code), _) => ExitCode::from(code.clamp(0, 255) as u8),
+        (None, Some(signal)) => ExitCode::from((128 + signal).clamp(0, 255) as u8),
+        _ => ExitCode::FAILURE,
+    }
+}

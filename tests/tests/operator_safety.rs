@@ -1,0 +1,182 @@
+//! Operator mistakes the node and the CLI catch, with real processes: membership changes naming a
+//! member nobody can reach or an address in use, a second process started from a copy of a
+//! node's configuration, and `keyhome dev` keeping the cluster up when one node is killed.
+
+#[path = "cluster/harness.rs"]
+mod harness;
+
+use std::net::UdpSocket;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use harness::{Cluster, Options, PATIENCE};
+use keyhome::config::{NodeConfig, write_toml};
+use keyhome::pki::{self, Role};
+use keyhome_epoch::NodeId;
+
+async fn started() -> Cluster {
+    let cluster = Cluster::start(Options::default());
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    cluster
+}
+
+/// A child process killed if the test ends first.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback UDP port nothing listens on (bound, read, released).
+fn unused_port() -> u16 {
+    UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free port").port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_naming_unreachable_members_are_refused() {
+    let cluster = started().await;
+    let profile = cluster.profile_file(&Role::Operator, 1);
+    let profile = profile.to_str().unwrap();
+    let propose = |args: &[&str]| {
+        let mut all = vec!["epoch", "propose", "--profile", profile];
+        all.extend(args);
+        let out = cluster.cli(&all);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+
+    let (code, stderr) = propose(&["--add", "4=notanaddress"]);
+    assert_eq!(code, Some(2), "a malformed address is a usage error: {stderr}");
+    assert!(stderr.contains("is not HOST:PORT"), "{stderr}");
+
+    let nobody = format!("6=127.0.0.1:{}", unused_port());
+    let (code, stderr) = propose(&["--add", &nobody]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node 6 does not answer at"), "{stderr}");
+    // Node 2 answers, but its certificate proves it is node 2, not node 7.
+    let impostor = format!("7={}", cluster.addr(2));
+    let (code, stderr) = propose(&["--replace", &format!("3={impostor}")]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("node 7 does not answer at"), "{stderr}");
+
+    // With --force the node still refuses an address a member has, and names that member.
+    let taken = format!("8={}", cluster.addr(2));
+    let (code, stderr) = propose(&["--add", &taken, "--force"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("is already used by member n2"), "{stderr}");
+
+    let status = cluster.status(1).await;
+    assert_eq!(status.epoch, 1, "nothing was proposed: {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_nodes_configuration_does_not_run_as_that_node() {
+    let cluster = started().await;
+    // A second process for node 1: its configuration copied, with a fresh data directory and
+    // another port (its real port is taken).
+    let mut copy = NodeConfig::load(&cluster.node_config(1)).unwrap();
+    copy.listen = format!("127.0.0.1:{}", unused_port()).parse().unwrap();
+    copy.data_dir = cluster.dir.join("copy-data");
+    let path = cluster.dir.join("copy.toml");
+    write_toml(&path, &copy).unwrap();
+    let run =
+        cluster.cli_command(&["run", "--config", path.to_str().unwrap()]).stderr(Stdio::piped()).spawn();
+    let mut run = Proc(run.expect("start keyhome run"));
+    let status =
+        harness::eventually(PATIENCE, "the copy exits", || std::future::ready(run.0.try_wait().unwrap()))
+            .await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    assert!(stderr.contains("epoch 1 places it at"), "{stderr}");
+
+    // A process that gets past that check (here: a bare connection with node 1's certificate,
+    // from another socket) while node 1 is connected is reported loudly by the peer it reaches.
+    let node1 = keyhome::setup::identity_dir(&cluster.dir, &Role::Node(NodeId(1)));
+    let identity = pki::Identity::load(node1.join("cert.pem"), node1.join("key.pem")).unwrap();
+    let ca = pki::load_ca(cluster.dir.join("ca.pem")).unwrap();
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let config = pki::client_config(&identity, &ca, pki::ALPN_PEER).unwrap();
+    let conn = endpoint
+        .connect_with(config, cluster.addr(2), &pki::server_name(NodeId(2)))
+        .unwrap()
+        .await
+        .expect("connect as node 1");
+    let log = cluster.node_dir(2).join("node.log");
+    harness::eventually(PATIENCE, "node 2 reports two processes claiming node 1", || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        std::future::ready(text.contains("TWO PROCESSES CLAIM TO BE NODE n1").then_some(()))
+    })
+    .await;
+    drop(conn);
+}
+
+/// `keyhome dev`: a node killed with SIGKILL is started again; the others keep serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_restarts_a_killed_node_and_keeps_the_others() {
+    let layout = Cluster::layout(Options::default());
+    let dir = layout.dir.with_file_name("dev");
+    let port = layout.addr(1).port();
+    let args =
+        ["dev", "--dir", dir.to_str().unwrap(), "--port", &port.to_string(), "--restart-after", "500ms"];
+    let dev = layout.cli_command(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+    let dev = Proc(dev.expect("start keyhome dev"));
+    let node_pid = |id: u64| {
+        let config = dir.join(format!("node-{id}/node.toml"));
+        children_of(dev.0.id()).into_iter().find(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(config.to_str().unwrap()))
+        })
+    };
+    let ready = |id: u64| {
+        let profile = keyhome::config::ClientProfile {
+            node: id,
+            addr: layout.addr(id),
+            ca: dir.join("ca.pem"),
+            cert: dir.join("client-app/cert.pem"),
+            key: dir.join("client-app/key.pem"),
+        };
+        async move {
+            let client =
+                tokio::time::timeout(Duration::from_secs(2), keyhome::client::Client::connect(&profile))
+                    .await
+                    .ok()?
+                    .ok()?;
+            let status = client.status().await.ok()?;
+            harness::ready(&status, 1).then_some(())
+        }
+    };
+    for id in 1..=3 {
+        harness::eventually(PATIENCE, &format!("dev node {id} serves"), || ready(id)).await;
+    }
+    let first = node_pid(2).expect("node 2's process");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(first as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let restarted = harness::eventually(PATIENCE, "node 2 started again", || {
+        std::future::ready(node_pid(2).filter(|&p| p != first))
+    })
+    .await;
+    assert_ne!(restarted, first);
+    for id in 1..=3 {
+        harness::eventually(PATIENCE, &format!("dev node {id} serves after the restart"), || ready(id)).await;
+    }
+}
+
+/// The process ids whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+            ppid.and_then(|p| p.parse::<u32>().ok()) == Some(parent)
+        })
+        .collect()
+}
