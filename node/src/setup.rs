@@ -142,17 +142,32 @@ pub fn dev_cluster(
     locks: &LockSettings,
 ) -> Result<Vec<PathBuf>, SetupError> {
     let addr = |i: u64| SocketAddr::from(([127, 0, 0, 1], base_port.saturating_add((i - 1) as u16)));
-    let members: Vec<(NodeId, String)> = (1..=nodes).map(|i| (NodeId(i), addr(i).to_string())).collect();
+    local_cluster(cluster, nodes, addr, addr, timing, locks)
+}
+
+/// Like [`dev_cluster`], with node `i` listening on `listen(i)` while the genesis tells its peers
+/// to reach it at `advertised(i)` (a relay in front of it, say). Clients' profiles point at node
+/// 1's `listen` address.
+pub fn local_cluster(
+    cluster: &Path,
+    nodes: u64,
+    listen: impl Fn(u64) -> SocketAddr,
+    advertised: impl Fn(u64) -> SocketAddr,
+    timing: Timing,
+    locks: &LockSettings,
+) -> Result<Vec<PathBuf>, SetupError> {
+    let members: Vec<(NodeId, String)> =
+        (1..=nodes).map(|i| (NodeId(i), advertised(i).to_string())).collect();
     init(cluster, &members, timing)?;
     let ca = load_ca(cluster)?;
     let mut configs = Vec::new();
     for i in 1..=nodes {
         issue(cluster, &ca, &Role::Node(NodeId(i)))?;
-        configs.push(write_node_config(cluster, NodeId(i), addr(i), locks.clone())?);
+        configs.push(write_node_config(cluster, NodeId(i), listen(i), locks.clone())?);
     }
     for role in [Role::Operator, Role::Client("app".into())] {
         issue(cluster, &ca, &role)?;
-        write_profile(cluster, &role, NodeId(1), addr(1))?;
+        write_profile(cluster, &role, NodeId(1), listen(1))?;
     }
     Ok(configs)
 }
