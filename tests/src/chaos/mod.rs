@@ -264,7 +264,10 @@ async fn relock_every_key(cluster: &Cluster, shared: &Arc<Shared>, failures: &mu
         tasks.push(tokio::spawn(async move {
             let history = &shared.history;
             while history.now() < healed + RELOCK_BOUND {
-                let Some(client) = workload::connect(&profile).await else { continue };
+                let Some(client) = workload::connect(&profile).await else {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                };
                 let wait = Duration::from_secs(1);
                 match workload::lock(history, &client, id, node, &key, Duration::from_secs(1), wait).await {
                     Ok((handle, a, index)) => {
