@@ -244,8 +244,8 @@ pub async fn run(options: &ChaosOptions) -> ChaosReport {
         killed_clients: count(&c.killed),
         relock,
         violations,
-        // The relays stop when `relay` is dropped, the nodes when `cluster` is.
     }
+    // The relays stop as `relay` is dropped here, the nodes (SIGKILL, by PID) as `cluster` is.
 }
 
 /// Locks every key once more, all at once, each through a node chosen by the key; returns the
