@@ -14,7 +14,7 @@ use keyhome_sim::chaos::{self, ChaosOptions};
 
 const USAGE: &str =
     "usage: keyhome-chaos [--duration SECONDS] [--seed S] [--nodes 3..=5] [--clients PER_NODE]
-                     [--keys K] [--grace-ms MS] [--bug NAME] [--history PATH] [--keep-history]
+                     [--keys K] [--bug NAME] [--history PATH] [--keep-history]
 
   --duration SECONDS  how long the nemesis strikes (default 60); the run then heals everything
                       and checks that every key locks again
@@ -22,7 +22,6 @@ const USAGE: &str =
   --nodes N           cluster size (default 3)
   --clients C         client tasks per node (default 2)
   --keys K            keys the clients lock (default 4)
-  --grace-ms MS       the nodes' recall grace (default 1000)
   --bug NAME          run nodes built with the bug-injection feature, with one rule off:
                       release-before-revoke, ignore-activation, activation-wait, no-quarantine,
                       no-rate-margin, deadline-from-receipt
@@ -43,7 +42,6 @@ fn parse(args: &[String]) -> Result<ChaosOptions, String> {
             "--nodes" => options.nodes = number(value()?)?,
             "--clients" => options.clients_per_node = number(value()?)? as usize,
             "--keys" => options.keys = number(value()?)?.max(1) as usize,
-            "--grace-ms" => options.recall_grace = Duration::from_millis(number(value()?)?),
             "--bug" => options.bug = Some(value()?.clone()),
             "--history" => history = Some(value()?.into()),
             "--keep-history" => options.keep_history = true,

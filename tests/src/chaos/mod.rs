@@ -49,8 +49,6 @@ pub struct ChaosOptions {
     pub nodes: u64,
     pub clients_per_node: usize,
     pub keys: usize,
-    /// The nodes' recall grace (`recall_grace_ms`).
-    pub recall_grace: Duration,
     /// Runs nodes built with the `bug-injection` feature, with this rule switched off.
     pub bug: Option<String>,
     /// Where the history goes; kept only if the run fails or `keep_history` is set.
@@ -59,7 +57,7 @@ pub struct ChaosOptions {
 }
 
 impl ChaosOptions {
-    /// Three nodes, two clients per node, four keys, a 1 s recall grace, the history in the
+    /// Three nodes, two clients per node, four keys, the history in the
     /// system's temporary directory.
     pub fn new(seed: u64, duration: Duration) -> ChaosOptions {
         ChaosOptions {
@@ -68,7 +66,6 @@ impl ChaosOptions {
             nodes: 3,
             clients_per_node: 2,
             keys: 4,
-            recall_grace: Duration::from_secs(1),
             bug: None,
             history: std::env::temp_dir().join(format!("keyhome-chaos-{seed}.history")),
             keep_history: false,
@@ -141,9 +138,7 @@ impl ChaosReport {
 /// Runs one chaos run to its end. Panics only if the cluster cannot be set up at all.
 pub async fn run(options: &ChaosOptions) -> ChaosReport {
     assert!((3..=5).contains(&options.nodes), "a chaos run has 3 to 5 nodes");
-    let mut cluster_options = Options { nodes: options.nodes, ..Options::default() };
-    cluster_options.locks.recall_grace_ms = options.recall_grace.as_millis() as u64;
-    let mut cluster = Cluster::layout_relayed(cluster_options);
+    let mut cluster = Cluster::layout_relayed(Options { nodes: options.nodes, ..Options::default() });
     if let Some(bug) = &options.bug {
         cluster.set_binary(cluster::keyhome_binary_with_bugs(), vec![(BUG_VAR.into(), bug.clone())]);
     }
