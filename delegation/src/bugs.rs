@@ -18,3 +18,28 @@ pub struct Bugs {
     /// (a moved key served by the new home without waiting or a handover).
     pub ignore_activation: bool,
 }
+
+impl Bugs {
+    /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
+    /// spell them.
+    pub const NAMES: [&'static str; 5] = [
+        "deadline-from-receipt",
+        "no-rate-margin",
+        "release-before-revoke",
+        "no-quarantine",
+        "ignore-activation",
+    ];
+
+    /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
+    pub fn switch_on(&mut self, name: &str) -> bool {
+        match name {
+            "deadline-from-receipt" => self.deadline_from_receipt = true,
+            "no-rate-margin" => self.no_rate_margin = true,
+            "release-before-revoke" => self.release_before_revoke = true,
+            "no-quarantine" => self.no_quarantine = true,
+            "ignore-activation" => self.ignore_activation = true,
+            _ => return false,
+        }
+        true
+    }
+}

@@ -76,6 +76,11 @@ pub struct NodeConfig {
     /// local applications reach it. Set it to `listen` to serve clients on the peer address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_listen: Option<SocketAddr>,
+    /// Peers reach this node through a relay or a NAT that changes its address, so `listen` need
+    /// not match its address in the epoch: the start-up check against a second process started
+    /// from a copy of this configuration ([`NodeConfig::check_listen`]) is skipped. [false]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub behind_relay: bool,
     /// Where the node keeps its redb database (`state.redb`).
     pub data_dir: PathBuf,
     /// The cluster CA certificate (PEM).
@@ -149,6 +154,9 @@ impl NodeConfig {
     /// looks like. An unspecified `listen` IP (`0.0.0.0`) matches any address with its port; a
     /// node `epoch` does not name, or whose address does not resolve now, is not checked.
     pub fn check_listen(&self, epoch: &EpochRecord) -> Result<(), ConfigError> {
+        if self.behind_relay {
+            return Ok(());
+        }
         let Some(member) = epoch.members.iter().find(|m| m.id.0 == self.id) else { return Ok(()) };
         let Ok(resolved) = std::net::ToSocketAddrs::to_socket_addrs(member.addr.as_str()) else {
             return Ok(());
@@ -294,6 +302,7 @@ mod tests {
             id: 1,
             listen: listen.parse().unwrap(),
             client_listen: None,
+            behind_relay: false,
             data_dir: "data".into(),
             ca: "ca.pem".into(),
             cert: "cert.pem".into(),

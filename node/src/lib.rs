@@ -9,6 +9,8 @@
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 
 pub mod api;
+#[cfg(feature = "bug-injection")]
+pub mod bugs;
 pub mod client;
 pub mod clock;
 pub mod config;

@@ -437,7 +437,7 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
     match (&role, args.addr) {
         (Role::Node(id), Some(addr)) => {
             let listen = addr.parse().map_err(|_| format!("{addr:?} is not HOST:PORT with an IP address"))?;
-            let path = setup::write_node_config(&args.dir, *id, listen, LockSettings::default())?;
+            let path = setup::write_node_config(&args.dir, *id, listen, false, LockSettings::default())?;
             println!("wrote {}; start it with: keyhome run --config {}", path.display(), path.display());
         }
         (Role::Operator | Role::Client(_), Some(target)) => {

@@ -74,6 +74,9 @@ pub enum NodeError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("a durable write failed, so the node stopped: {0}")]
     WriteFailed(String),
+    #[cfg(feature = "bug-injection")]
+    #[error("{0}")]
+    InjectBug(String),
 }
 
 /// Where the outcome of a pending lock goes.
@@ -164,13 +167,21 @@ impl Node {
         let now = clock.now();
         let seed =
             u64::from_le_bytes(genesis_digest[..8].try_into().unwrap_or_default()) ^ id.0 ^ now.as_nanos();
-        let epoch = EpochNode::start(keyhome_epoch::Config::new(id, seed), durable, now);
+        #[allow(unused_mut)] // only the `bug-injection` build changes it
+        let mut epoch_config = keyhome_epoch::Config::new(id, seed);
         let settings = &config.locks;
         let mut home = HomeConfig::new(id);
         home.lock_delay = Duration::from_millis(settings.lock_delay_ms);
         let mut holder = HolderConfig::new(id);
         holder.lease = Duration::from_millis(settings.delegation_lease_ms);
         holder.idle_release = Duration::from_millis(settings.idle_release_ms);
+        #[cfg(feature = "bug-injection")]
+        if let Some(bug) =
+            crate::bugs::apply(&mut epoch_config, &mut home, &mut holder).map_err(NodeError::InjectBug)?
+        {
+            tracing::warn!(bug, "a safety rule is switched off (bug injection)");
+        }
+        let epoch = EpochNode::start(epoch_config, durable, now);
         let mut core = Core::new(epoch, home, holder, now);
         // The incarnation (and anything else the start wrote) is durable before the port opens;
         // what else the start produced is carried out by the first `with_core` below.

@@ -87,11 +87,13 @@ pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, Set
     Ok(dir)
 }
 
-/// Writes `node.toml` for node `id` listening on `listen`, next to its certificate.
+/// Writes `node.toml` for node `id` listening on `listen`, next to its certificate; with
+/// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]).
 pub fn write_node_config(
     cluster: &Path,
     id: NodeId,
     listen: SocketAddr,
+    behind_relay: bool,
     locks: LockSettings,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, &Role::Node(id));
@@ -99,6 +101,7 @@ pub fn write_node_config(
         id: id.0,
         listen,
         client_listen: None,
+        behind_relay,
         data_dir: "data".into(),
         ca: "../ca.pem".into(),
         cert: "cert.pem".into(),
@@ -142,17 +145,33 @@ pub fn dev_cluster(
     locks: &LockSettings,
 ) -> Result<Vec<PathBuf>, SetupError> {
     let addr = |i: u64| SocketAddr::from(([127, 0, 0, 1], base_port.saturating_add((i - 1) as u16)));
-    let members: Vec<(NodeId, String)> = (1..=nodes).map(|i| (NodeId(i), addr(i).to_string())).collect();
+    local_cluster(cluster, nodes, addr, addr, timing, locks)
+}
+
+/// Like [`dev_cluster`], with node `i` listening on `listen(i)` while the genesis tells its peers
+/// to reach it at `advertised(i)` (a relay in front of it, say). Clients' profiles point at node
+/// 1's `listen` address.
+pub fn local_cluster(
+    cluster: &Path,
+    nodes: u64,
+    listen: impl Fn(u64) -> SocketAddr,
+    advertised: impl Fn(u64) -> SocketAddr,
+    timing: Timing,
+    locks: &LockSettings,
+) -> Result<Vec<PathBuf>, SetupError> {
+    let members: Vec<(NodeId, String)> =
+        (1..=nodes).map(|i| (NodeId(i), advertised(i).to_string())).collect();
     init(cluster, &members, timing)?;
     let ca = load_ca(cluster)?;
     let mut configs = Vec::new();
     for i in 1..=nodes {
         issue(cluster, &ca, &Role::Node(NodeId(i)))?;
-        configs.push(write_node_config(cluster, NodeId(i), addr(i), locks.clone())?);
+        let relayed = listen(i) != advertised(i);
+        configs.push(write_node_config(cluster, NodeId(i), listen(i), relayed, locks.clone())?);
     }
     for role in [Role::Operator, Role::Client("app".into())] {
         issue(cluster, &ca, &role)?;
-        write_profile(cluster, &role, NodeId(1), addr(1))?;
+        write_profile(cluster, &role, NodeId(1), listen(1))?;
     }
     Ok(configs)
 }

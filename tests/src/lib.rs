@@ -3,11 +3,17 @@
 //! One seed fixes a whole run: cluster size, timing, clock rates, network delay, loss,
 //! duplication, reordering, partitions, crashes, disk latency and operator changes. The
 //! [`check::Checker`] holds the invariants against simulated real time after every event.
+//!
+//! Also the harness for real clusters: [`cluster`] starts `keyhome run` processes on loopback,
+//! and [`chaos`] attacks them (relayed network faults, kills, pauses, membership changes) while
+//! clients lock, checking the guarantees from outside.
 
 use std::ops::Range;
 
+pub mod chaos;
 pub mod check;
 pub mod clock;
+pub mod cluster;
 pub mod locks;
 pub mod queue;
 pub mod rng;

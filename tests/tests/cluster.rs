@@ -3,12 +3,8 @@
 //! temporary directory on its own ports; the harness kills every process it started when the test
 //! ends, passes or panics.
 
-#[path = "cluster/harness.rs"]
-mod harness;
-
 use std::time::{Duration, Instant};
 
-use harness::{Cluster, Options, PATIENCE, home_of, key_homed_on};
 use keyhome::pki::{self, Role};
 use keyhome::status::Status;
 use keyhome::wire::{
@@ -16,6 +12,7 @@ use keyhome::wire::{
 };
 use keyhome_delegation::FencingToken;
 use keyhome_epoch::{Change, NodeId};
+use keyhome_sim::cluster::{self as harness, Cluster, Options, PATIENCE, home_of, key_homed_on};
 
 /// A ttl long enough that no test's handle runs out while the test uses it.
 const TTL: Duration = Duration::from_secs(20);

@@ -2,8 +2,7 @@
 //! member nobody can reach or an address in use, a second process started from a copy of a
 //! node's configuration, and `keyhome dev` keeping the cluster up when one node is killed.
 
-#[path = "cluster/harness.rs"]
-mod harness;
+use keyhome_sim::cluster as harness;
 
 use std::net::UdpSocket;
 use std::process::{Child, Stdio};

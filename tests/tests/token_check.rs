@@ -5,15 +5,12 @@
 //! a check of the live delegation crosses the network twice more: the home's `Probe` to node 1,
 //! and node 1's answer to node 3.
 
-#[path = "cluster/harness.rs"]
-mod harness;
-
 use std::path::Path;
 use std::time::Duration;
 
-use harness::{Cluster, Options, PATIENCE, key_homed_on};
 use keyhome::pki::Role;
 use keyhome_delegation::{FencingToken, Grantee};
+use keyhome_sim::cluster::{self as harness, Cluster, Options, PATIENCE, key_homed_on};
 
 /// `keyhome token check`'s exit statuses (docs/api.md).
 const HELD_NOW: i32 = 0;

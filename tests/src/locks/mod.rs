@@ -77,14 +77,10 @@ pub const LOCK_BUG_NAMES: [&str; 8] = [
 /// Options with the rule named `name` (one of [`LOCK_BUG_NAMES`]) switched off.
 pub fn lock_bug(name: &str, mut options: LockOptions) -> Option<LockOptions> {
     match name {
-        "deadline-from-receipt" => options.bugs.deadline_from_receipt = true,
-        "no-rate-margin" => options.bugs.no_rate_margin = true,
-        "release-before-revoke" => options.bugs.release_before_revoke = true,
-        "no-quarantine" => options.bugs.no_quarantine = true,
-        "ignore-activation" => options.bugs.ignore_activation = true,
         "incarnation" => options.epoch_bugs.volatile_incarnation = true,
         "no-handover" => options.sim_bugs.no_handover = true,
         "same-home-wait" => options.sim_bugs.same_home_wait = true,
+        _ if options.bugs.switch_on(name) => {}
         _ => return None,
     }
     Some(options)

@@ -1,15 +1,15 @@
-//! A harness for multi-process tests: real `keyhome run` processes on loopback, one temporary
-//! cluster directory per test, every process killed (SIGKILL) when the [`Cluster`] is dropped,
-//! also when the test panics.
+//! A harness for multi-process tests (tests/tests/cluster.rs, the [`crate::chaos`] runs): real
+//! `keyhome run` processes on loopback, one temporary cluster directory per cluster, every process
+//! killed (SIGKILL, by PID) when the [`Cluster`] is dropped, also when the caller panics.
 //!
-//! - The binary is the `keyhome` next to the test's `deps/` directory (`target/<profile>/keyhome`),
-//!   built with `$CARGO build -p keyhome` when it is missing or older than the node's sources.
+//! - The binary is the `keyhome` of the caller's profile (`target/<profile>/keyhome`), (re)built
+//!   by `$CARGO build -p keyhome` with the shipped feature set (a no-op when fresh); or, for
+//!   showing that a checker catches a bug, one built with the `bug-injection` feature into
+//!   `target/bug-injection/` ([`keyhome_binary_with_bugs`]).
 //! - Ports come from outside the kernel's ephemeral range (no client socket can take a node's port
 //!   while the node is down for a restart), from a per-process sequence, each checked free.
 //! - Nothing sleeps a fixed time to let something happen: [`Cluster::wait_status`] and
 //!   [`eventually`] poll with a generous deadline.
-
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::net::{SocketAddr, UdpSocket};
@@ -66,6 +66,11 @@ pub struct Cluster {
     /// The cluster directory (`ca.pem`, `genesis.toml`, `node-<i>/`, `client-app/`, `operator/`).
     pub dir: PathBuf,
     base_port: u16,
+    /// Whether the genesis names relay addresses ([`Cluster::relay_addr`]) rather than the nodes'.
+    relayed: bool,
+    /// The `keyhome` binary the nodes run, and environment variables set for them.
+    binary: PathBuf,
+    env: Vec<(String, String)>,
     /// Node processes by id - 1; `None` while a node is down.
     children: Vec<Option<Child>>,
     /// Status connections by node id, reused across polls.
@@ -76,20 +81,44 @@ impl Cluster {
     /// Lays out a cluster (CA, genesis, node certificates and `node.toml`s, an operator and an
     /// `app` client identity) without starting anything.
     pub fn layout(options: Options) -> Cluster {
+        Cluster::lay_out(options, false)
+    }
+
+    /// Lays out a cluster whose genesis tells peers to reach node `i` at [`Cluster::relay_addr`]
+    /// (`i`) instead of [`Cluster::addr`]`(i)`, where the caller runs a relay; clients still reach
+    /// the nodes directly.
+    pub fn layout_relayed(options: Options) -> Cluster {
+        Cluster::lay_out(options, true)
+    }
+
+    fn lay_out(options: Options, relayed: bool) -> Cluster {
         let tmp = tempfile::Builder::new().prefix("keyhome-cluster-").tempdir().expect("temp dir");
         let dir = tmp.path().join("cluster");
-        let base_port = free_port_block(options.nodes as u16);
-        setup::dev_cluster(&dir, options.nodes, base_port, options.timing, &options.locks)
+        let n = options.nodes as u16;
+        let base_port = free_port_block(if relayed { 2 * n } else { n });
+        let port = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        let listen = |i: u64| port(base_port + (i - 1) as u16);
+        let advertised = |i: u64| if relayed { port(base_port + n + (i - 1) as u16) } else { listen(i) };
+        setup::local_cluster(&dir, options.nodes, listen, advertised, options.timing, &options.locks)
             .expect("lay the cluster out");
-        let n = options.nodes as usize;
         Cluster {
             options,
             tmp,
             dir,
             base_port,
+            relayed,
+            binary: keyhome_binary(),
+            env: Vec::new(),
             children: (0..n).map(|_| None).collect(),
-            clients: Mutex::new(vec![None; n]),
+            clients: Mutex::new(vec![None; usize::from(n)]),
         }
+    }
+
+    /// Runs the nodes from `binary` with the extra environment `env` (for the nodes started
+    /// after the call).
+    pub fn set_binary(&mut self, binary: PathBuf, env: Vec<(String, String)>) {
+        self.binary = binary;
+        self.env = env;
     }
 
     /// Lays out a cluster and starts every node.
@@ -105,8 +134,17 @@ impl Cluster {
         (1..=self.options.nodes).collect()
     }
 
+    /// The address node `id` listens on.
     pub fn addr(&self, id: u64) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.base_port + (id - 1) as u16))
+    }
+
+    /// The address the genesis gives node `id`: where its peers reach it.
+    pub fn relay_addr(&self, id: u64) -> SocketAddr {
+        if !self.relayed {
+            return self.addr(id);
+        }
+        SocketAddr::from(([127, 0, 0, 1], self.base_port + (self.options.nodes + id - 1) as u16))
     }
 
     pub fn node_dir(&self, id: u64) -> PathBuf {
@@ -127,12 +165,13 @@ impl Cluster {
         assert!(slot.is_none(), "node {id} is already running");
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.log_path(id)).expect("node log");
-        let mut command = Command::new(keyhome_binary());
+        let mut command = Command::new(&self.binary);
         command
             .arg("run")
             .arg("--config")
             .arg(self.node_config(id))
             .env("RUST_LOG", std::env::var("KEYHOME_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("node log"))
             .stderr(log);
@@ -162,19 +201,37 @@ impl Cluster {
         self.forget_client(id);
     }
 
-    /// Panics if a node process that should be running has exited (with its log).
-    pub fn assert_running(&mut self) {
-        for (i, child) in self.children.iter_mut().enumerate() {
-            if let Some(child) = child
+    /// Sends `signal` to node `id`'s process (by its PID).
+    fn signal(&self, id: u64, signal: rustix::process::Signal) {
+        let child =
+            self.children[(id - 1) as usize].as_ref().unwrap_or_else(|| panic!("node {id} is not running"));
+        let pid = rustix::process::Pid::from_raw(child.id() as i32).expect("a child's PID is positive");
+        rustix::process::kill_process(pid, signal).unwrap_or_else(|e| panic!("signal node {id}: {e}"));
+    }
+
+    /// `kill -STOP` of node `id`: it stops running (a long pause) until [`Cluster::resume`].
+    pub fn pause(&self, id: u64) {
+        self.signal(id, rustix::process::Signal::STOP);
+    }
+
+    /// `kill -CONT` of a paused node `id`.
+    pub fn resume(&self, id: u64) {
+        self.signal(id, rustix::process::Signal::CONT);
+    }
+
+    /// The nodes whose processes exited by themselves since the last call (they count as down
+    /// from now on), with their exit status.
+    pub fn exited(&mut self) -> Vec<(u64, std::process::ExitStatus)> {
+        let mut gone = Vec::new();
+        for (i, slot) in self.children.iter_mut().enumerate() {
+            if let Some(child) = slot
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!(
-                    "node {} exited unexpectedly ({status}); its log:\n{}",
-                    i + 1,
-                    self.log_tail(i as u64 + 1)
-                );
+                gone.push((i as u64 + 1, status));
+                *slot = None;
             }
         }
+        gone
     }
 
     /// The last lines of node `id`'s log.
@@ -312,7 +369,7 @@ impl Cluster {
     /// The built `keyhome` binary with `args`, to run in the cluster directory (it dies with the
     /// test).
     pub fn cli_command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(keyhome_binary());
+        let mut command = Command::new(&self.binary);
         command.args(args).current_dir(&self.dir).stdin(Stdio::null());
         die_with_parent(&mut command);
         command
@@ -331,7 +388,7 @@ impl Cluster {
     /// Starts the built `keyhome` binary with `args` in the cluster directory, its stdin a pipe
     /// (closing it ends a `cat` the command runs), its output discarded. Killed when dropped.
     pub fn cli_background(&self, args: &[&str]) -> Background {
-        let mut command = Command::new(keyhome_binary());
+        let mut command = Command::new(&self.binary);
         command.args(args).current_dir(&self.dir).stdin(Stdio::piped()).stdout(Stdio::null());
         die_with_parent(&mut command);
         Background(command.spawn().expect("start keyhome"))
@@ -434,14 +491,28 @@ fn die_with_parent(command: &mut Command) {
 /// keyhome` with the feature set that ships, and checked to be no test build.
 pub fn keyhome_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(locate_or_build).clone()
+    BINARY.get_or_init(|| locate_or_build(false)).clone()
 }
 
-fn locate_or_build() -> PathBuf {
+/// A `keyhome` binary built with the `bug-injection` feature (the node then switches off the
+/// rule its `KEYHOME_INJECT_BUG` variable names), in its own target directory,
+/// `target/bug-injection/<profile>/`, so the ordinary binary is never replaced by it.
+pub fn keyhome_binary_with_bugs() -> PathBuf {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| locate_or_build(true)).clone()
+}
+
+fn locate_or_build(bugs: bool) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    // target/<profile>/deps/cluster-<hash>  →  target/<profile>/keyhome
-    let profile_dir =
-        exe.parent().and_then(Path::parent).expect("test binary in target/<profile>/deps").to_path_buf();
+    // target/<profile>/deps/cluster-<hash> (a test) or target/<profile>/keyhome-chaos (a binary)
+    let exe_dir = exe.parent().expect("an executable in a directory");
+    let mut profile_dir =
+        if exe_dir.ends_with("deps") { exe_dir.parent().unwrap_or(exe_dir) } else { exe_dir }.to_path_buf();
+    if bugs {
+        // target/<profile>  →  target/bug-injection/<profile>
+        let profile = profile_dir.file_name().map(ToOwned::to_owned).unwrap_or_default();
+        profile_dir = profile_dir.parent().unwrap_or(&profile_dir).join("bug-injection").join(profile);
+    }
     let binary = profile_dir.join(format!("keyhome{}", std::env::consts::EXE_SUFFIX));
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
     // Always through `cargo build -p keyhome` (a no-op when fresh): the binary a workspace test
@@ -451,6 +522,9 @@ fn locate_or_build() -> PathBuf {
         let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
         let mut command = Command::new(cargo);
         command.current_dir(&workspace).args(["build", "-p", "keyhome", "--bin", "keyhome"]);
+        if bugs {
+            command.args(["--features", "bug-injection"]);
+        }
         // Not the variables cargo set for this test process: build scripts that watch them would
         // see a changed environment and rebuild (here, and again in the next ordinary build).
         for (name, _) in std::env::vars_os() {
@@ -484,7 +558,12 @@ fn locate_or_build() -> PathBuf {
     assert!(binary.exists(), "no keyhome binary at {}", binary.display());
     let version = Command::new(&binary).arg("--version").output().expect("keyhome --version");
     let version = String::from_utf8_lossy(&version.stdout);
-    assert!(!version.contains("TEST BUILD"), "the tests must run the shipped build, not {version}");
+    let test_build = version.contains("TEST BUILD");
+    assert!(
+        test_build == bugs,
+        "wanted a {} build, found {version}",
+        if bugs { "bug-injection" } else { "shipped" }
+    );
     binary
 }
 
