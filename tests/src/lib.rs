@@ -8,6 +8,7 @@ use std::ops::Range;
 
 pub mod check;
 pub mod clock;
+pub mod fuzz;
 pub mod locks;
 pub mod queue;
 pub mod rng;
