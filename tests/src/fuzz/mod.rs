@@ -172,7 +172,7 @@ pub fn to_hex(bytes: &[u8]) -> String {
 /// Bytes from hex (whitespace ignored), or `None` if it is not hex.
 pub fn from_hex(text: &str) -> Option<Vec<u8>> {
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
     digits.chunks(2).map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()).collect()
