@@ -1,7 +1,7 @@
 //! `holder`: arbitrary client calls and message sequences into a [`Holder`].
 //!
-//! Steps: time passes; the application locks, try-locks, renews, unlocks, cancels, abandons or
-//! releases everything; a grant, refusal or recall arrives (mostly answering a request the holder
+//! Steps: time passes; the application locks, try-locks, renews, unlocks, cancels or shuts the
+//! holder down; a grant, refusal or recall arrives (mostly answering a request the holder
 //! sent, from the node it sent it to, with any grantee, lease and delay); the timer fires; the
 //! epoch layer changes. After every step: no panic, no wake-up at or before the `now` of a
 //! `handle_timeout`, at most one live handle per key, no delegation longer than the epoch allows,
@@ -61,7 +61,6 @@ pub fn run(data: &[u8]) -> Result<(), String> {
     let mut config = HolderConfig::new(me);
     config.limits = LIMITS;
     config.lease = g.duration(timing.max_delegation_lease);
-    config.grace = g.duration(Duration::from_millis(20));
     config.idle_release = g.duration(Duration::from_millis(50));
     config.min_useful = g.duration(Duration::from_millis(5));
     config.retry = g.duration(Duration::from_millis(5));
@@ -113,20 +112,15 @@ impl Run {
             5 => {
                 if let Some(i) = self.some_handle(g) {
                     let id = self.held[i].id;
-                    match g.index(3) {
-                        0 => match self.holder.renew(now, id, g.duration(scale)) {
+                    if g.bool() {
+                        match self.holder.renew(now, id, g.duration(scale)) {
                             Ok(deadline) => self.held[i].deadline = deadline,
                             Err(_) => drop(self.held.swap_remove(i)),
-                        },
-                        1 => {
-                            let note = g.note();
-                            let too_large = note.as_ref().is_some_and(|n| n.len() > LIMITS.max_note_len);
-                            if self.holder.unlock(now, id, note).is_ok() || !too_large {
-                                self.held.swap_remove(i);
-                            }
                         }
-                        _ => {
-                            let _ = self.holder.abandon(now, id);
+                    } else {
+                        let note = g.note();
+                        let too_large = note.as_ref().is_some_and(|n| n.len() > LIMITS.max_note_len);
+                        if self.holder.unlock(now, id, note).is_ok() || !too_large {
                             self.held.swap_remove(i);
                         }
                     }
@@ -148,9 +142,12 @@ impl Run {
                 if g.index(4) == 0 {
                     self.auth.toggle(g);
                 } else if g.index(16) == 0 {
-                    self.holder.release_all(now);
+                    self.holder.shutdown(now);
                 } else {
                     self.auth.next_epoch(g);
+                    if g.bool() {
+                        self.holder.on_epoch_change(now, &self.auth);
+                    }
                 }
             }
             _ => {
@@ -226,7 +223,10 @@ impl Run {
                     self.admitted(key, handle);
                 }
                 HolderEvent::LockFailed { ticket, .. } => self.tickets.retain(|t| *t != ticket),
-                HolderEvent::Revoked { handle, .. } => self.held.retain(|h| h.id != handle),
+                HolderEvent::Recalled { handle, deadline, .. } => {
+                    self.held.iter_mut().filter(|h| h.id == handle).for_each(|h| h.deadline = deadline)
+                }
+                HolderEvent::Expired { handle, .. } => self.held.retain(|h| h.id != handle),
             }
         }
         let excess = self.sent.len().saturating_sub(32);

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use arbitrary::Unstructured;
 use keyhome::wire::{PeerFrame, Request};
-use keyhome_delegation::{Body as DBody, FencingToken, Grantee, Handed, Message as DMessage, Refusal};
+use keyhome_delegation::{
+    Body as DBody, CheckAnswer, FencingToken, Grantee, Handed, Message as DMessage, Refusal,
+};
 use keyhome_epoch::paxos::{Ballot, Vote};
 use keyhome_epoch::record::{MAX_ADDR_LEN, MAX_LEASE};
 use keyhome_epoch::{
@@ -287,7 +289,7 @@ impl<'a> Gen<'a> {
     ) -> DMessage {
         let epoch = self.number_near(epoch, MAX_EPOCH);
         let key = self.key();
-        let body = match self.index(9) {
+        let body = match self.index(10) {
             0 => DBody::Request {
                 key,
                 id: self.id(ids),
@@ -312,7 +314,17 @@ impl<'a> Gen<'a> {
                 recovered: self.bool(),
             },
             5 => DBody::Check { key, id: self.id(ids), token: self.token(grantees) },
-            6 => DBody::CheckReply { key, id: self.id(ids), current: self.bool() },
+            6 => {
+                let answer = match self.index(5) {
+                    0 => Ok(CheckAnswer::HeldNow),
+                    1 => Ok(CheckAnswer::Superseded),
+                    2 => Ok(CheckAnswer::NotHeld),
+                    3 => Ok(CheckAnswer::UnknownKey),
+                    _ => Err(self.refusal()),
+                };
+                DBody::CheckReply { key, id: self.id(ids), answer }
+            }
+            9 => DBody::Probe { key, id: self.id(ids), token: self.token(grantees), asker: self.node() },
             7 => {
                 let live = self.bool().then(|| Handed {
                     holder: self.node(),
