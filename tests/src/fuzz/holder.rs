@@ -11,21 +11,14 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body, Grantee, Handle, HandleId, Holder, HolderConfig, HolderEvent, Limits, LockOutcome, Ticket,
+    Body, Grantee, Handle, HandleId, Holder, HolderConfig, HolderEvent, LockOutcome, Ticket,
 };
 use keyhome_epoch::{Instant, NodeId};
 
+use super::home::LIMITS;
 use super::script::Script;
 use super::values::Gen;
 use super::{MAX_STEPS, small_timing};
-
-const LIMITS: Limits = Limits {
-    max_key_len: 16,
-    max_note_len: 8,
-    max_delegations: 6,
-    max_per_requester: 3,
-    max_waiters_per_key: 3,
-};
 
 /// A handle the application holds, as it last learned its deadline.
 struct Held {

@@ -16,13 +16,14 @@ use super::script::Script;
 use super::values::{Gen, KEYS};
 use super::{MAX_STEPS, small_timing};
 
-/// Caps small enough that a sequence reaches them.
+/// Caps small enough that a sequence reaches them (the holder target uses them too).
 pub const LIMITS: Limits = Limits {
     max_key_len: 16,
     max_note_len: 8,
     max_delegations: 6,
     max_per_requester: 3,
     max_waiters_per_key: 3,
+    max_holder_keys: 8,
 };
 const MAX_RECORDS: usize = 4;
 
