@@ -1024,12 +1024,15 @@ impl Holder {
             return;
         }
         let r = e.request.take().expect("matched request");
+        // A delay the home names is at most the epoch's fence bound (a quarantine is shorter):
+        // a longer one, from a confused peer, would stall the key here.
+        let cap = auth.timing().fence_bound();
         if let Some(d) = e.deleg.as_mut() {
             // A refused renewal: the delegation stays valid until its deadline, and is renewed
             // again later only if the refusal was about where or when to ask.
             if r.held.is_some() {
                 d.renew_at = match renewal_retry_delay(reason) {
-                    Some(delay) => now + config.backoff(e.refusals).max(delay),
+                    Some(delay) => now + config.backoff(e.refusals).max(delay.min(cap)),
                     None => d.deadline,
                 };
                 e.refusals = e.refusals.saturating_add(1);
@@ -1037,7 +1040,7 @@ impl Holder {
         } else {
             match retry_delay(reason) {
                 Some(delay) => {
-                    let at = now + config.backoff(e.refusals).max(delay);
+                    let at = now + config.backoff(e.refusals).max(delay.min(cap));
                     e.refusals = e.refusals.saturating_add(1);
                     e.retry_at = at;
                     // Lockers whose wait ends before the retry time out now: the refusal was

@@ -1004,6 +1004,12 @@ impl Home {
         if epoch != auth.epoch() || key.len() > self.config.limits.max_key_len {
             return;
         }
+        // Durations from the peer are bounded by what this home's epoch and configuration allow:
+        // a lock-delay by this home's own, and a live delegation's time left by the epoch's fence
+        // bound (no grant under its timing stays live longer). A longer `remaining` is not
+        // adopted: the key then waits for `home_active`, which outlasts every earlier delegation.
+        let lock_delay = lock_delay.min(self.config.lock_delay);
+        let plausible = live.is_none_or(|h| h.remaining <= auth.timing().fence_bound());
         let found = self.keys.find(&key);
         let limits = &self.config.limits;
         let takes_slot = live.is_some() || !lock_delay.is_zero();
@@ -1014,6 +1020,7 @@ impl Home {
         };
         let adopt = from != self.config.id
             && fits
+            && plausible
             && note.as_ref().is_none_or(|n| n.len() <= limits.max_note_len)
             && auth.home_of(&key) == Some(self.config.id)
             && auth.previous_home_of(&key) == Some(from)

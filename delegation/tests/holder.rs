@@ -1036,6 +1036,28 @@ fn a_retry_beyond_a_lockers_wait_times_it_out() {
 }
 
 #[test]
+fn a_refusal_delay_beyond_the_epochs_fence_bound_is_cut_to_it() {
+    let auth = Script::new();
+    let bound = auth.timing.fence_bound();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(1), secs(3600), &auth));
+    let r = one_request(&mut h);
+    // A home that names a delay no epoch allows: the holder asks again after the fence bound, not
+    // never.
+    h.handle_message(at(0), HOME, refuse(b"k", r.id, Refusal::Quarantine(Duration::MAX)), &auth);
+    assert!(events(&mut h).is_empty(), "the locker still waits");
+    tick(&mut h, &auth, at(0) + bound - NS);
+    assert!(sent(&mut h).is_empty());
+    tick(&mut h, &auth, at(0) + bound);
+    let r2 = one_request(&mut h);
+    h.handle_message(at(0) + bound, HOME, refuse(b"k", r2.id, Refusal::LockDelay(Duration::MAX)), &auth);
+    tick(&mut h, &auth, at(0) + bound * 2);
+    let r3 = one_request(&mut h);
+    h.handle_message(at(0) + bound * 2, HOME, grant(b"k", r3.id, grantee(1), secs(10), None, false), &auth);
+    locked_event(&mut h, ticket);
+}
+
+#[test]
 fn hard_refusals_fail_every_pending_locker() {
     let auth = Script::new();
     let mut h = holder();

@@ -1039,6 +1039,38 @@ fn an_adopted_delegation_is_kept_to_its_widened_end() {
 }
 
 #[test]
+fn handed_durations_beyond_what_the_epoch_and_config_allow_are_not_taken_at_face_value() {
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false;
+    auth.previous = Some(H);
+    let handover = |key: &[u8], live, lock_delay| Message {
+        epoch: 2,
+        body: Body::Handover { key: key.to_vec(), live, note: None, recovered: true, lock_delay },
+    };
+    let mut config = HomeConfig::new(N);
+    config.lock_delay = ms(300);
+    let mut new = Home::new(config, Instant::ZERO);
+    // A delegation said to outlive every grant the epoch's timing allows: acknowledged but not
+    // adopted, so the key waits for the activation (which outlasts every earlier delegation)
+    // instead of staying held forever.
+    let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
+    for remaining in [TIMING.fence_bound() + Duration::from_nanos(1), Duration::MAX] {
+        let live = Some(Handed { holder: A, grantee: g, id: 1, remaining });
+        new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
+        assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
+        assert_eq!((new.tracked_keys(), new.delegation(b"k")), (0, None));
+    }
+    // Up to the bound, adopted.
+    let live = Some(Handed { holder: A, grantee: g, id: 1, remaining: TIMING.fence_bound() });
+    new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
+    assert!(new.is_adopted(b"k"));
+    // A lock-delay is cut to this home's own.
+    new.handle_message(at(0), H, handover(b"d", None, Duration::MAX), &auth);
+    assert_eq!(new.lock_delay_until(b"d"), Some(at(0) + ms(300)));
+}
+
+#[test]
 fn a_handover_is_adopted_only_from_the_previous_home_under_the_same_epoch() {
     let handover = |epoch| Message {
         epoch,

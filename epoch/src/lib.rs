@@ -27,8 +27,8 @@ pub const BUG_INJECTION: bool = cfg!(feature = "bug-injection");
 
 pub use change::{Change, ChangeError};
 pub use keyhome_ring::NodeId;
-pub use message::{Body, Message, Transmit};
+pub use message::{Body, MAX_ROUND, Message, MessageError, Transmit};
 pub use node::{Bugs, Config, EpochNode, Event, ProposeError, Ready};
-pub use record::{EpochRecord, Member, RecordError, Timing};
+pub use record::{EpochRecord, MAX_EPOCH, Member, RecordError, Timing};
 pub use storage::{Durable, MemStorage, Storage, Write};
 pub use time::Instant;

@@ -385,8 +385,12 @@ impl EpochNode {
 
     // ---- inputs ----
 
-    /// Handles a message from `from` (authenticated by the driver).
+    /// Handles a message from `from` (authenticated by the driver). A message that fails
+    /// [`Message::validate`] is dropped: its numbers could make the core's arithmetic overflow.
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: Message) {
+        if message.validate().is_err() {
+            return;
+        }
         let epoch = message.epoch;
         self.handle_body(now, from, epoch, message.body);
         // After the body, which may itself have brought the newer epoch.

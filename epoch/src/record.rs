@@ -17,6 +17,17 @@ pub const MIN_HOME_LEASE: Duration = Duration::from_millis(10);
 pub const MAX_LEASE: Duration = Duration::from_secs(3600);
 /// Largest clock-rate bound an epoch may set: 10 %.
 pub const MAX_CLOCK_RATE_PPM: u32 = 100_000;
+/// Largest epoch number (2^62): far beyond any cluster's life (an epoch a nanosecond for over a
+/// century), and far enough below `u64::MAX` that no arithmetic on an epoch number, or on an
+/// unsafe recovery's skip past one, can overflow. Records and messages above it are refused.
+pub const MAX_EPOCH: u64 = 1 << 62;
+
+/// Longest activation wait a record may carry: the longest [`Timing::fence_bound`] of any valid
+/// timing. A proposer sets a record's wait to the current epoch's fence bound or carries the
+/// current record's wait forward, so no valid record's wait exceeds it.
+pub fn max_activation_wait() -> Duration {
+    rate_margin(MAX_LEASE.saturating_mul(2), MAX_CLOCK_RATE_PPM)
+}
 
 /// One member of an epoch: its identity (from its certificate) and where peers reach it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -76,9 +87,9 @@ impl Default for Timing {
 
 /// One membership epoch, as chosen by the agreement among the previous epoch's members.
 ///
-/// Invariants (checked by [`EpochRecord::validate`]): `number >= 1`; members sorted by id, ids
-/// unique, 1 to [`MAX_MEMBERS`] of them, addresses non-empty and at most [`MAX_ADDR_LEN`] bytes;
-/// timing in range.
+/// Invariants (checked by [`EpochRecord::validate`]): `1 <= number <= MAX_EPOCH`; members sorted
+/// by id, ids unique, 1 to [`MAX_MEMBERS`] of them, addresses non-empty and at most
+/// [`MAX_ADDR_LEN`] bytes; timing in range; activation wait at most [`max_activation_wait`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct EpochRecord {
     /// Epoch number; the genesis is 1.
@@ -98,6 +109,10 @@ pub struct EpochRecord {
 pub enum RecordError {
     #[error("epoch number 0 is not valid; the genesis is epoch 1")]
     ZeroNumber,
+    #[error("epoch number {0} exceeds the largest, {MAX_EPOCH}")]
+    NumberTooLarge(u64),
+    #[error("activation wait {0:?} exceeds the longest any valid timing needs")]
+    ActivationWait(Duration),
     #[error("an epoch needs at least one member")]
     NoMembers,
     #[error("an epoch may have at most {MAX_MEMBERS} members, not {0}")]
@@ -139,6 +154,12 @@ impl EpochRecord {
     pub fn validate(&self) -> Result<(), RecordError> {
         if self.number == 0 {
             return Err(RecordError::ZeroNumber);
+        }
+        if self.number > MAX_EPOCH {
+            return Err(RecordError::NumberTooLarge(self.number));
+        }
+        if self.activation_wait > max_activation_wait() {
+            return Err(RecordError::ActivationWait(self.activation_wait));
         }
         if self.members.is_empty() {
             return Err(RecordError::NoMembers);
@@ -244,6 +265,26 @@ pub(crate) mod tests {
         let mut g = EpochRecord::genesis(members(&[1, 2]), Timing::DEFAULT).unwrap();
         g.members.swap(0, 1);
         assert_eq!(g.validate(), Err(RecordError::Unsorted));
+    }
+
+    #[test]
+    fn numbers_and_waits_near_the_limits_are_refused() {
+        let g = EpochRecord::genesis(members(&[1, 2]), Timing::DEFAULT).unwrap();
+        let with_number = |number| EpochRecord { number, ..g.clone() };
+        assert_eq!(with_number(MAX_EPOCH).validate(), Ok(()));
+        assert_eq!(with_number(MAX_EPOCH + 1).validate(), Err(RecordError::NumberTooLarge(MAX_EPOCH + 1)));
+        assert_eq!(with_number(u64::MAX).validate(), Err(RecordError::NumberTooLarge(u64::MAX)));
+        // The longest wait a proposer can set is allowed; anything longer is not.
+        let slowest = Timing {
+            home_lease: MAX_LEASE,
+            max_delegation_lease: MAX_LEASE,
+            clock_rate_ppm: MAX_CLOCK_RATE_PPM,
+        };
+        let longest = EpochRecord { timing: slowest, activation_wait: slowest.fence_bound(), ..g.clone() };
+        assert_eq!(longest.validate(), Ok(()));
+        let wait = max_activation_wait() + Duration::from_nanos(1);
+        let too_long = EpochRecord { activation_wait: wait, ..g };
+        assert_eq!(too_long.validate(), Err(RecordError::ActivationWait(wait)));
     }
 
     #[test]

@@ -467,3 +467,31 @@ fn votes_for_another_slot_or_ballot_do_not_count() {
     );
     assert_eq!(c.count_sent(before, 1, Kind::Accept), 2, "the matching promise does");
 }
+
+#[test]
+fn rounds_and_epochs_near_the_limit_are_dropped_and_proposals_still_work() {
+    use keyhome_epoch::{MAX_EPOCH, MAX_ROUND, MessageError};
+    let mut c = settled(&[1, 2, 3], &[]);
+    let huge = Ballot { round: u64::MAX, proposer: NodeId(2) };
+    let prepare = Message { epoch: 1, body: Body::Prepare { slot: 2, ballot: huge } };
+    assert_eq!(prepare.validate(), Err(MessageError::BallotRound(u64::MAX)));
+    let reject = Vote::Reject { ballot: Ballot { round: 1, proposer: NodeId(1) }, promised: huge };
+    let vote = Message { epoch: 1, body: Body::Vote { slot: 2, vote: reject } };
+    assert_eq!(vote.validate(), Err(MessageError::BallotRound(u64::MAX)));
+    let far = Message { epoch: MAX_EPOCH + 1, body: Body::CatchUp };
+    assert_eq!(far.validate(), Err(MessageError::EpochNumber(MAX_EPOCH + 1)));
+    let highest = Ballot { round: MAX_ROUND, proposer: NodeId(2) };
+    let fine = Message { epoch: MAX_EPOCH, body: Body::Prepare { slot: MAX_EPOCH, ballot: highest } };
+    assert_eq!(fine.validate(), Ok(()));
+    // Outbidding u64::MAX would overflow: the messages are dropped unseen, so the next
+    // proposal's ballot is an ordinary one, and it is chosen.
+    c.handle(2, 1, prepare);
+    c.handle(2, 1, vote);
+    c.handle(2, 1, far);
+    let mark = c.mark();
+    c.propose(1, timing(12)).unwrap();
+    let ballot = prepare_ballots(&c.sent_since(mark, |_| true))[0];
+    assert!(ballot.round < 100, "{ballot:?}");
+    c.run_for(secs(2));
+    assert_eq!(c.epoch(1), 2);
+}

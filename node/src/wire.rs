@@ -28,6 +28,8 @@ pub enum WireError {
     TooLarge { len: usize, max: usize },
     #[error("malformed frame: {0}")]
     Decode(#[from] postcard::Error),
+    #[error("malformed frame: {0} bytes left over after the value")]
+    TrailingBytes(usize),
     #[error("stream ended inside a frame")]
     Truncated,
     #[error("stream read failed: {0}")]
@@ -79,7 +81,17 @@ pub async fn read_frame<T: DeserializeOwned>(
         quinn::ReadExactError::FinishedEarly(_) => WireError::Truncated,
         e => e.into(),
     })?;
-    Ok(Some(postcard::from_bytes(&body)?))
+    decode(&body).map(Some)
+}
+
+/// Decodes one frame's body, which must hold exactly one value: bytes left over after it are a
+/// [`WireError::TrailingBytes`], so every value has one encoding on the wire.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, WireError> {
+    let (value, rest) = postcard::take_from_bytes(body)?;
+    if !rest.is_empty() {
+        return Err(WireError::TrailingBytes(rest.len()));
+    }
+    Ok(value)
 }
 
 // ---- peer protocol (ALPN `keyhome/1`) ----
@@ -276,4 +288,47 @@ pub enum EventKind {
     Recalled { valid_for: Duration },
     /// The handle's deadline passed: the lock is lost and its next use fails.
     Expired,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(frame: &[u8]) -> &[u8] {
+        let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4, "the prefix counts the body");
+        &frame[4..]
+    }
+
+    #[test]
+    fn a_frame_decodes_exactly() {
+        let request = Request::Renew { handle: 7, ttl: Duration::from_millis(1500) };
+        let frame = encode(&request, MAX_CLIENT_FRAME).unwrap();
+        let decoded: Request = decode(body(&frame)).unwrap();
+        assert!(matches!(decoded, Request::Renew { handle: 7, ttl } if ttl == Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let frame =
+            encode(&PeerFrame::Hello { genesis_digest: [3; 32], ring_version: 1, epoch: 9 }, 64).unwrap();
+        let mut padded = body(&frame).to_vec();
+        padded.extend_from_slice(&[0, 0]);
+        let err = decode::<PeerFrame>(&padded).unwrap_err();
+        assert!(matches!(err, WireError::TrailingBytes(2)), "{err}");
+        assert_eq!(err.to_string(), "malformed frame: 2 bytes left over after the value");
+    }
+
+    #[test]
+    fn truncated_and_oversized_frames_are_refused() {
+        let frame = encode(
+            &Request::Lock { key: b"k".to_vec(), ttl: Duration::from_secs(1), wait: Duration::ZERO },
+            64,
+        )
+        .unwrap();
+        let short = &body(&frame)[..frame.len() - 5];
+        assert!(matches!(decode::<Request>(short), Err(WireError::Decode(_))));
+        let big = Request::Lock { key: vec![0; 100], ttl: Duration::ZERO, wait: Duration::ZERO };
+        assert!(matches!(encode(&big, 64), Err(WireError::TooLarge { max: 64, .. })));
+    }
 }
