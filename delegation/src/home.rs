@@ -403,7 +403,7 @@ impl Keys {
 struct Waiter {
     from: NodeId,
     id: u64,
-    /// Already clamped to the epoch's longest delegation.
+    /// As asked; clamped when granted (see [`granted_lease`]).
     lease: Duration,
     /// Receipt + the request's wait, home clock.
     deadline: Instant,
@@ -798,7 +798,6 @@ impl Home {
                 return;
             }
         };
-        let lease = lease.min(auth.timing().max_delegation_lease);
         let Some((k, mut e)) = self.take_found(found) else {
             // No record: a grant would create the key's first state.
             if let Err(reason) = self.grant_caps(from) {
@@ -852,6 +851,7 @@ impl Home {
                 if e.queue.is_some() {
                     return Err(Refusal::Recalled);
                 }
+                let lease = granted_lease(lease, auth);
                 live.end = live.end.max(now + self.margin(lease, ppm));
                 live.id = id;
                 let grantee = live.grantee;
@@ -1149,6 +1149,7 @@ impl Home {
         };
         self.counter += 1;
         let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
+        let lease = granted_lease(lease, auth);
         let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
         e.phase = Phase::Held(Live { holder: from, grantee, id, end });
         if let Some(q) = e.queue.as_mut() {
@@ -1449,6 +1450,14 @@ fn forget_record(e: &mut Entry) {
         *note = None;
         *recovered = true;
     }
+}
+
+/// The lease a grant or renewal gives for an `asked` one: at most the current epoch's
+/// `max_delegation_lease`, read at the instant of granting. A request queued under an earlier epoch
+/// may be granted under a later one that allows less; and [`Authority::home_active`] vouches only
+/// for delegations of the current epoch's length.
+fn granted_lease(asked: Duration, auth: &impl Authority) -> Duration {
+    asked.min(auth.timing().max_delegation_lease)
 }
 
 /// The Recall and Handover resend period: a quarter home lease, at least [`MIN_RETRY`].

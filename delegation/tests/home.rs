@@ -339,6 +339,32 @@ fn lease_is_clamped_to_the_epochs_longest_delegation() {
     assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(0), TIMING.max_delegation_lease));
 }
 
+/// A request queued while the epoch allowed 1 s delegations, granted after a timing change cut
+/// them to 100 ms: the grant (and a renewal) gets what the epoch it is granted under allows.
+#[test]
+fn a_queued_request_granted_after_a_timing_change_gets_the_new_bound() {
+    let mut home = home();
+    let mut auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, request(1, b"k", 10, ms(800), ms(900), None), &auth);
+    drain(&mut home);
+    let shorter = ms(100);
+    auth.epoch = 2;
+    auth.timing.max_delegation_lease = shorter;
+    home.on_epoch_change(at(2), &auth);
+    home.handle_message(at(3), A, release(2, b"k", g, None), &auth);
+    let out = drain(&mut home);
+    let (grantee, lease) = match &out[..] {
+        [(B, Body::Grant { id: 10, grantee, lease, .. })] => (*grantee, *lease),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(lease, shorter);
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(3), shorter));
+    home.handle_message(at(4), B, request(2, b"k", 11, ms(800), ms(0), Some(grantee)), &auth);
+    assert_eq!(the_grant(&mut home, B).2, shorter, "a renewal is clamped too");
+    assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(4), shorter));
+}
+
 // ---- rule 2: one live delegation, grantees, conservative end ----
 
 #[test]

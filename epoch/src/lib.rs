@@ -1,5 +1,6 @@
 //! Membership epochs for keyhome, as a sans-I/O core.
 //!
+//! - [`activation`]: when a node may grant a key, and the activation waits, as pure functions.
 //! - [`record`]: what an epoch fixes (members, ring version, timing) and its validation.
 //! - [`change`]: operator changes that form the next epoch.
 //! - [`paxos`]: single-decree Paxos as pure data, generic over the value.
@@ -12,6 +13,7 @@
 //! acceptor stops renewing once it has accepted any value for `n + 1`; so once `n + 1` is chosen no
 //! lease of `n` outlives the next home's activation wait. See `docs/protocol.md`.
 
+pub mod activation;
 pub mod change;
 pub mod message;
 pub mod node;

@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use keyhome_ring::{KeyDigest, NodeId, Ring};
 
+use crate::activation::{self, Standing};
 use crate::change::{Change, ChangeError};
 use crate::message::{Body, Message, Transmit};
 use crate::paxos::{Ballot, Proposer, Step, Vote};
 use crate::record::{EpochRecord, Member};
 use crate::storage::{Durable, Write};
-use crate::time::{Instant, rate_margin};
+use crate::time::Instant;
 
 /// Switches that each disable one safety rule, so tests can show the simulation notices.
 /// Only in builds with the `bug-injection` feature; every switch is off by default.
@@ -47,6 +48,9 @@ pub struct Bugs {
     /// After every change, `home_active` is false until the current epoch's activation instant,
     /// also for keys that kept their home (a liveness promise, not safety).
     pub same_home_wait: bool,
+    /// A lease of an earlier epoch lets a node grant a key although that epoch's delegations were
+    /// shorter than the current epoch's, which the home grants.
+    pub delegation_lease_of_current_epoch: bool,
 }
 
 /// Settings of one node's epoch core that are not part of the epoch record.
@@ -134,6 +138,8 @@ const HISTORY: usize = 8;
 struct Learned {
     number: u64,
     ring: Ring,
+    /// The epoch's `max_delegation_lease`.
+    max_delegation_lease: Duration,
     /// Before this instant, some node may still hold a home lease of an earlier epoch.
     fence_until: Instant,
     /// End of this node's home lease under this epoch, once the node has moved past it. (The
@@ -256,8 +262,7 @@ impl EpochNode {
         // Before a restart this node may have granted delegations under the current epoch, and
         // has forgotten them: it acts as home of no key until they have surely ended, whatever
         // timing a later epoch sets.
-        let forgotten = rate_margin(current.timing.max_delegation_lease, current.timing.clock_rate_ppm);
-        node.remember(&current, now, current.activation_wait.max(forgotten));
+        node.remember(&current, now, activation::restart_wait(&current));
         // What this node announced before it stopped is forgotten: announce again to all.
         node.unaware = current.member_ids().filter(|&m| m != node.config.id).collect();
         node.request_lease(now);
@@ -319,16 +324,20 @@ impl EpochNode {
         learned.ring.home(key)
     }
 
-    /// Whether this node may grant `key` at `now`: it is the key's home, it holds a home lease,
-    /// and no node can still be a granting home of the key under an earlier epoch.
+    /// Whether this node may grant `key` at `now`, for delegations of up to the current epoch's
+    /// `max_delegation_lease`: it is the key's home, it holds a home lease, and no node can still
+    /// be a granting home of the key under an earlier epoch.
     ///
     /// Across a run of consecutive epochs, newest first, in each of which this node is the key's
     /// home, one valid lease of any of them and one passed activation instant of any of them
     /// suffice: every other node that was ever the key's home was so before that run, and the
     /// passed activation instant means its leases ran out, while no lease of an epoch in the run can
     /// be renewed once the epoch after it is chosen. So a key that keeps its home keeps working
-    /// through a change. An epoch this node skipped (it caught up past it) ends the run: the key
-    /// may have had another home in it.
+    /// through a change. A lease counts only if its epoch allowed delegations at least as long as
+    /// the current epoch does: later activation waits cover a delegation granted under it only
+    /// that long (so after a change that lengthens delegations the home waits for a lease of the
+    /// new epoch). An epoch this node skipped (it caught up past it) ends the run: the key may have
+    /// had another home in it. See [`activation::may_grant`].
     pub fn home_active(&self, now: Instant, key: &[u8]) -> bool {
         self.home_active_digest(now, KeyDigest::of(key))
     }
@@ -338,21 +347,14 @@ impl EpochNode {
         if self.bugs().same_home_wait && self.history.back().is_some_and(|l| now < l.fence_until) {
             return false;
         }
-        let (mut leased, mut fenced) = (false, false);
-        let mut expected = self.current().number;
-        for (i, learned) in self.history.iter().rev().enumerate() {
-            if learned.number != expected || learned.ring.home_of(key) != Some(self.config.id) {
-                break;
-            }
-            expected -= 1;
-            let lease_until = if i == 0 { self.lease_until(now) } else { learned.lease_until };
-            leased |= lease_until.is_some_and(|until| now < until);
-            fenced |= now >= learned.fence_until;
-            if leased && fenced {
-                return true;
-            }
-        }
-        false
+        let standings = self.history.iter().rev().enumerate().map(|(i, learned)| Standing {
+            number: learned.number,
+            homes_key: learned.ring.home_of(key) == Some(self.config.id),
+            lease_until: if i == 0 { self.lease_until(now) } else { learned.lease_until },
+            fence_until: learned.fence_until,
+            max_delegation_lease: learned.max_delegation_lease,
+        });
+        activation::may_grant(standings, now, self.bugs())
     }
 
     /// The earliest instant at which [`EpochNode::handle_timeout`] must be called.
@@ -467,7 +469,7 @@ impl EpochNode {
         next.number = number;
         next.members = members;
         next.members.sort_by_key(|m| m.id);
-        next.activation_wait = current.timing.fence_bound().max(current.activation_wait);
+        next.activation_wait = activation::next_activation_wait(&current, false);
         next.validate().map_err(|e| ProposeError::Change(ChangeError::Invalid(e)))?;
         if !next.is_member(self.config.id) {
             return Err(ProposeError::NotMember { epoch: number });
@@ -660,7 +662,13 @@ impl EpochNode {
         if wait > Duration::ZERO {
             self.wake_at_fence = Some(self.wake_at_fence.map_or(fence_until, |at| at.min(fence_until)));
         }
-        self.history.push_back(Learned { number: record.number, ring, fence_until, lease_until: None });
+        self.history.push_back(Learned {
+            number: record.number,
+            ring,
+            max_delegation_lease: record.timing.max_delegation_lease,
+            fence_until,
+            lease_until: None,
+        });
     }
 
     // ---- home lease ----
@@ -709,15 +717,9 @@ impl EpochNode {
     fn next_value(&self, change: &Change, now: Instant) -> Result<EpochRecord, ChangeError> {
         let current = self.current();
         let mut next = change.apply(current)?;
-        // Home leases of the current epoch, and delegations granted under them, may outlast the
-        // choice of the next by this much.
-        let lease_bound = current.timing.fence_bound();
         // Leases of earlier epochs may still run if this node's own wait for them has not ended.
-        let earlier = match self.history.back() {
-            Some(learned) if now >= learned.fence_until => Duration::ZERO,
-            _ => current.activation_wait,
-        };
-        next.activation_wait = lease_bound.max(earlier);
+        let fence_passed = self.history.back().is_some_and(|learned| now >= learned.fence_until);
+        next.activation_wait = activation::next_activation_wait(current, fence_passed);
         Ok(next)
     }
 

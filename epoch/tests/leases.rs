@@ -421,3 +421,90 @@ fn restarted_node_is_not_active_before_the_activation_wait() {
     c.run_until(at(secs(32)) + wait);
     assert!(c.node(1).home_active(c.now, &keys[0]));
 }
+
+// ---- timing changes ----
+
+#[test]
+fn key_keeping_its_home_through_a_change_that_shortens_delegations_has_no_gap() {
+    let shorter = Timing { max_delegation_lease: secs(10), ..Timing::DEFAULT };
+    key_keeps_home(&[1, 2, 3], &[], Change::SetTiming(shorter), 1);
+}
+
+/// Epoch 1: 60 s home leases, 1 s delegations. Epoch 2 (`SetTiming`) turns that round: 1 s home
+/// leases, 60 s delegations. Node 3, `key`'s home in both, learns epoch 2 and is cut off before it
+/// gets a lease of it; it still holds its lease of epoch 1 for up to 60 s. Within the old activation
+/// wait, epoch 3 removes node 3 and the key moves to `new`, which waits epoch 3's activation wait
+/// (about 62 s: epoch 2's 1 s lease plus 60 s delegations, or epoch 2's own wait for epoch 1's lease
+/// plus 1 s delegations). A home grants delegations as long as its current epoch allows, so if
+/// epoch 1's lease let node 3 grant under epoch 2 it could grant 60 s delegations until about
+/// 62 s, live until about 122 s, long after `new` starts granting.
+///
+/// Returns the first instant at which one node may grant the key while a delegation another node
+/// may have granted is live (every clock here runs at the same rate, so a delegation granted at `t`
+/// under an epoch with delegation lease `D` ends by `t + D`), or `None`.
+fn overlap_after_a_timing_change(bugs: Option<keyhome_epoch::Bugs>) -> Option<String> {
+    let before = Timing { home_lease: secs(60), max_delegation_lease: secs(1), clock_rate_ppm: 10_000 };
+    let after = Timing { home_lease: secs(1), max_delegation_lease: secs(60), ..before };
+    let mut c = Cluster::unstarted(&[1, 2, 3], &[], before);
+    #[cfg(feature = "bug-injection")]
+    for id in [1, 2, 3] {
+        c.host_mut(id).config.bugs = bugs.unwrap_or_default();
+    }
+    #[cfg(not(feature = "bug-injection"))]
+    assert!(bugs.is_none(), "bug switches need the bug-injection feature");
+    for id in [1, 2, 3] {
+        c.start(id);
+    }
+    c.run_until(at(secs(2))); // past the start's activation instant (1.02 s)
+    let removed = Change::Remove(NodeId(3)).apply(&c.genesis).unwrap();
+    let key = find_key(|k| home(&c.genesis, k) == 3 && home(&removed, k) == 1);
+    assert_eq!(c.active_homes(&key), vec![3]);
+
+    c.propose(1, Change::SetTiming(after)).unwrap();
+    while c.epoch(3) < 2 {
+        c.deliver_next_where(|_| true).expect("node 3 learns epoch 2");
+    }
+    c.isolate(3);
+    c.drop_where(|e| e.to == 3 || e.from == 3);
+    c.deliver_all();
+    assert!(c.node(1).holds_lease(c.now) && !c.node(3).holds_lease(c.now));
+    c.propose(1, Change::Remove(NodeId(3))).unwrap();
+    c.deliver_all();
+    assert_eq!((c.epoch(1), c.epoch(3)), (3, 2));
+    let active_from =
+        c.event_time(1, &Event::Learned { epoch: 3 }).unwrap() + c.node(1).current().activation_wait;
+
+    // Per node: the end of the latest delegation it may have granted.
+    let mut reach = [Instant::ZERO; 4];
+    let end = active_from + secs(70);
+    while c.now < end {
+        let now = c.now;
+        for id in c.active_homes(&key) {
+            if let Some(other) = (1..=3).find(|&o| o != id && reach[o as usize] > now) {
+                return Some(format!(
+                    "at {now:?} node {id} may grant while node {other}'s delegation is live"
+                ));
+            }
+            let d = c.node(id).current().timing.max_delegation_lease;
+            reach[id as usize] = reach[id as usize].max(now + d);
+        }
+        c.run_for(ms(100));
+    }
+    assert_eq!(c.active_homes(&key), vec![1], "the new home grants the key in the end");
+    None
+}
+
+#[test]
+fn a_cut_off_home_cannot_grant_the_new_epochs_longer_delegations_under_an_older_lease() {
+    assert_eq!(overlap_after_a_timing_change(None), None);
+}
+
+/// The same run with the rule switched off: the overlap shows.
+#[cfg(feature = "bug-injection")]
+#[test]
+fn an_older_lease_carrying_longer_delegations_is_caught() {
+    let bugs = keyhome_epoch::Bugs { delegation_lease_of_current_epoch: true, ..Default::default() };
+    let overlap = overlap_after_a_timing_change(Some(bugs));
+    assert!(overlap.is_some(), "with the switch off the overlap must show");
+    println!("{}", overlap.unwrap_or_default());
+}

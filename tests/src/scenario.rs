@@ -18,9 +18,16 @@ pub const CHAOS: Duration = Duration::from_secs(5);
 const HOME_LEASES: [Duration; 3] =
     [Duration::from_millis(200), Duration::from_millis(300), Duration::from_millis(500)];
 
-/// Delegation leases the scenarios pick from.
+/// Delegation leases the scenarios pick from (operators switch among them too).
 const DELEGATION_LEASES: [Duration; 3] =
     [Duration::from_millis(20), Duration::from_millis(100), Duration::from_millis(1000)];
+
+/// Delegation leases operators switch among in hostile runs: short ones only (see
+/// [`Scenario::generate`]).
+const HOSTILE_DELEGATION_LEASES: [Duration; 2] = [Duration::from_millis(20), Duration::from_millis(40)];
+
+/// The clock-rate bound of every simulated epoch.
+pub const CLOCK_RATE_PPM: u32 = 10_000;
 
 /// Choices the caller may fix instead of the seed.
 #[derive(Clone, Debug, Default)]
@@ -131,6 +138,30 @@ pub struct Scenario {
     pub trace: bool,
     /// Keys whose homes the checker watches.
     pub keys: Vec<Vec<u8>>,
+    /// The timings operators switch among, in the order they switch (see
+    /// [`Scenario::other_timing`]); at least two, the genesis timing among them.
+    pub timings: Vec<Timing>,
+}
+
+/// Every timing with a home lease from `home_leases` and a delegation lease from
+/// `delegation_leases`, in an order drawn from `rng`: an operator's timing changes, in turn, then
+/// shorten and lengthen each lease in every combination.
+pub fn timing_cycle(rng: &mut Rng, home_leases: &[Duration], delegation_leases: &[Duration]) -> Vec<Timing> {
+    let mut all: Vec<Timing> = home_leases
+        .iter()
+        .flat_map(|&home_lease| {
+            delegation_leases.iter().map(move |&max_delegation_lease| Timing {
+                home_lease,
+                max_delegation_lease,
+                clock_rate_ppm: CLOCK_RATE_PPM,
+            })
+        })
+        .collect();
+    // Fisher-Yates.
+    for i in (1..all.len()).rev() {
+        all.swap(i, rng.range(0, i as u64) as usize);
+    }
+    all
 }
 
 /// Where faults may fall in a run: its fault phase, and the instants operators propose changes
@@ -235,8 +266,12 @@ impl Scenario {
             } else {
                 DELEGATION_LEASES[rng.range(0, 2) as usize]
             },
-            clock_rate_ppm: 10_000,
+            clock_rate_ppm: CLOCK_RATE_PPM,
         };
+        // From a generator of their own, so the rest of the scenario is drawn as before.
+        let delegation_leases: &[Duration] =
+            if options.hostile { &HOSTILE_DELEGATION_LEASES } else { &DELEGATION_LEASES };
+        let timings = timing_cycle(&mut Rng::new(seed ^ 0x7141_96c5), &HOME_LEASES, delegation_leases);
         let genesis_members = (1..=members as u64)
             .map(|id| Member { id: NodeId(id), addr: format!("127.0.0.1:{}", 7000 + id) })
             .collect();
@@ -286,12 +321,14 @@ impl Scenario {
             bugs: options.bugs,
             trace: options.trace,
             keys: (0..24).map(|i| format!("key-{i}").into_bytes()).collect(),
+            timings,
         }
     }
 
-    /// A timing an operator might switch to from `t`.
+    /// The timing an operator switches to from `t`: the one after `t` in [`Scenario::timings`]
+    /// (after the last, the first; the first if `t` is not listed).
     pub fn other_timing(&self, t: &Timing) -> Timing {
-        let i = HOME_LEASES.iter().position(|l| *l == t.home_lease).unwrap_or(0);
-        Timing { home_lease: HOME_LEASES[(i + 1) % HOME_LEASES.len()], ..*t }
+        let next = self.timings.iter().position(|x| x == t).map_or(0, |i| (i + 1) % self.timings.len());
+        self.timings.get(next).copied().unwrap_or(*t)
     }
 }

@@ -63,13 +63,14 @@ pub struct SimBugs {
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 8] = [
+pub const LOCK_BUG_NAMES: [&str; 9] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
     "no-quarantine",
     "ignore-activation",
     "incarnation",
+    "delegation-bound",
     "no-handover",
     "same-home-wait",
 ];
@@ -78,6 +79,7 @@ pub const LOCK_BUG_NAMES: [&str; 8] = [
 pub fn lock_bug(name: &str, mut options: LockOptions) -> Option<LockOptions> {
     match name {
         "incarnation" => options.epoch_bugs.volatile_incarnation = true,
+        "delegation-bound" => options.epoch_bugs.delegation_lease_of_current_epoch = true,
         "no-handover" => options.sim_bugs.no_handover = true,
         "same-home-wait" => options.sim_bugs.same_home_wait = true,
         _ if options.bugs.switch_on(name) => {}
