@@ -38,7 +38,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group};
-use keyhome_delegation::{Authority, Body, Grantee, Home, HomeConfig, Message};
+use keyhome_delegation::{Authority, Body, Grantee, Home, HomeConfig, Message, RequestId};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- a counting allocator (per thread: the memory measurement runs on one thread) ----
@@ -140,7 +140,10 @@ fn key(tag: u8, i: usize) -> Vec<u8> {
 }
 
 fn request(key: &[u8], id: u64, wait: Duration, held: Option<Grantee>) -> Message {
-    Message { epoch: 1, body: Body::Request { key: key.to_vec(), id, lease: LEASE, wait, held } }
+    Message {
+        epoch: 1,
+        body: Body::Request { key: key.to_vec(), id: RequestId::new(1, id), lease: LEASE, wait, held },
+    }
 }
 
 fn release(key: &[u8], grantee: Grantee) -> Message {

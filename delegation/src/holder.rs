@@ -59,7 +59,7 @@ use keyhome_epoch::{Instant, NodeId};
 use crate::authority::Authority;
 use crate::check::{self, CheckAnswer};
 use crate::limits::Limits;
-use crate::message::{Body, Grantee, Message, Refusal};
+use crate::message::{Body, Grantee, Message, Refusal, RequestId};
 use crate::token::FencingToken;
 
 /// How many expired handles are remembered, so that their next use says why they were lost.
@@ -275,14 +275,14 @@ struct Io {
     /// The epoch stamped on outgoing messages: the latest `auth.epoch()` handed in.
     epoch: u64,
     next_serial: u64,
-    /// Low 32 bits of request ids; the high bits are the run's incarnation.
+    /// Requests numbered so far in this run (the `seq` of the latest [`RequestId`]).
     request_count: u64,
     /// Requests sent in this run, by increasing id, while a grant for them may be live.
     recent: VecDeque<Sent>,
     /// First and last request id of this run.
-    issued: Option<(u64, u64)>,
+    issued: Option<(RequestId, RequestId)>,
     /// Highest id dropped from `recent` for lack of room rather than age.
-    forgotten: u64,
+    forgotten: RequestId,
     /// Serials of handles that expired, so that their next use says so.
     tombstones: HashSet<u64, Hasher>,
     tomb_order: VecDeque<u64>,
@@ -292,7 +292,7 @@ struct Io {
 
 #[derive(Debug)]
 struct Sent {
-    id: u64,
+    id: RequestId,
     at: Instant,
     lease: Duration,
 }
@@ -370,7 +370,7 @@ struct Waiter {
 
 #[derive(Debug)]
 struct Request {
-    id: u64,
+    id: RequestId,
     to: NodeId,
     /// First send: the grant's deadline counts from here.
     sent_at: Instant,
@@ -414,7 +414,7 @@ impl Holder {
                 request_count: 0,
                 recent: VecDeque::new(),
                 issued: None,
-                forgotten: 0,
+                forgotten: RequestId::default(),
                 tombstones: HashSet::with_hasher(Hasher::new()),
                 tomb_order: VecDeque::new(),
                 out: VecDeque::new(),
@@ -1012,7 +1012,7 @@ impl Holder {
         now: Instant,
         from: NodeId,
         key: &[u8],
-        id: u64,
+        id: RequestId,
         reason: Refusal,
         auth: &A,
     ) {
@@ -1140,7 +1140,7 @@ fn renewal_retry_delay(reason: Refusal) -> Option<Duration> {
 /// A received grant's fields.
 struct GrantMsg {
     key: Vec<u8>,
-    id: u64,
+    id: RequestId,
     grantee: Grantee,
     lease: Duration,
     note: Option<Vec<u8>>,
@@ -1175,11 +1175,11 @@ impl Io {
         self.next_serial
     }
 
-    /// A fresh request id: the run's incarnation in the high 32 bits, so no grant meant for an
-    /// earlier run can match a request of this one (a run sends fewer than 2^32 requests).
-    fn request_id(&mut self, incarnation: u64, now: Instant, lease: Duration) -> u64 {
-        self.request_count = (self.request_count + 1) & 0xffff_ffff;
-        let id = (incarnation << 32) | self.request_count;
+    /// A fresh request id of the run `incarnation`: no grant meant for an earlier run, or for an
+    /// earlier request of this one, can match it (64-bit numbers never wrap).
+    fn request_id(&mut self, incarnation: u64, now: Instant, lease: Duration) -> RequestId {
+        self.request_count += 1;
+        let id = RequestId::new(incarnation, self.request_count);
         self.issued = Some(self.issued.map_or((id, id), |(first, _)| (first, id)));
         while self.recent.front().is_some_and(|s| now >= s.at + s.lease) {
             self.recent.pop_front();
@@ -1194,14 +1194,14 @@ impl Io {
     }
 
     /// Whether request `id` was sent by this run of the node.
-    fn issued_this_run(&self, id: u64) -> bool {
+    fn issued_this_run(&self, id: RequestId) -> bool {
         self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
     }
 
     /// Whether a grant answering request `id` with `lease` may still be live at `now`. Unknown
     /// ids (another run's, or forgotten for lack of room) count as live: handing back a dead
     /// grant costs a message, keeping a live one costs the home a lease.
-    fn grant_live(&self, id: u64, lease: Duration, now: Instant) -> bool {
+    fn grant_live(&self, id: RequestId, lease: Duration, now: Instant) -> bool {
         match self.recent.binary_search_by_key(&id, |s| s.id) {
             Ok(i) => {
                 let s = &self.recent[i];
@@ -1582,15 +1582,28 @@ mod tests {
         let mut io = Holder::new(HolderConfig::new(NodeId(1)), Instant::ZERO).io;
         let t0 = Instant::from_nanos(1_000);
         let id = io.request_id(7, t0, Duration::from_secs(10));
-        assert_eq!(id >> 32, 7, "the incarnation is in the high bits");
+        assert_eq!(id, RequestId::new(7, 1), "numbered within the run");
         assert!(io.grant_live(id, Duration::from_secs(10), t0 + Duration::from_secs(9)));
         assert!(!io.grant_live(id, Duration::from_secs(10), t0 + Duration::from_secs(10)));
         assert!(!io.grant_live(id, Duration::from_secs(3), t0 + Duration::from_secs(3)), "shorter grant");
         // Another run's id is unknown, so taken as live.
-        assert!(io.grant_live(5 << 32 | 1, Duration::from_secs(10), t0 + Duration::from_secs(100)));
+        assert!(io.grant_live(RequestId::new(5, 1), Duration::from_secs(10), t0 + Duration::from_secs(100)));
         // Aged out of the log: dead.
         let later = t0 + Duration::from_secs(60);
         io.request_id(7, later, Duration::from_secs(10));
         assert!(!io.grant_live(id, Duration::from_secs(10), later));
+    }
+
+    #[test]
+    fn request_numbers_do_not_wrap_at_32_bits() {
+        let mut io = Holder::new(HolderConfig::new(NodeId(1)), Instant::ZERO).io;
+        let t0 = Instant::from_nanos(1_000);
+        io.request_count = u64::from(u32::MAX) - 2;
+        let first = io.request_id(3, t0, Duration::from_secs(10));
+        let (a, b) =
+            (io.request_id(3, t0, Duration::from_secs(10)), io.request_id(3, t0, Duration::from_secs(10)));
+        assert_eq!((a.seq, b.seq), (u64::from(u32::MAX), 1 << 32), "past 2^32 in one run");
+        assert!(first < a && a < b && b.incarnation == 3);
+        assert!(io.issued_this_run(b) && !io.issued_this_run(RequestId::new(4, 1)));
     }
 }

@@ -122,21 +122,21 @@
 //! # Memory
 //!
 //! Every key the home keeps state for is stored once, in a slot of a slab: [`Home::ENTRY_BYTES`]
-//! = 96 bytes, the key's state and the pointer to its bytes, which are one allocation of the
+//! = 104 bytes, the key's state and the pointer to its bytes, which are one allocation of the
 //! key's length. The slab grows 1 024 slots at a time and never moves a slot; freed slots are
 //! reused. An index maps the key's hash (std's `RandomState`, keyed by the OS: keys come from the
 //! network) to its slot number: 4 bytes and a control byte per bucket, at most 7/8 full. The
 //! timer heap names keys by slot number too: 16 bytes per wake-up, in a `Vec` at most half empty.
 //!
-//! So a key with a live delegation and nobody waiting costs 96 bytes of slot, its own bytes, 16
+//! So a key with a live delegation and nobody waiting costs 104 bytes of slot, its own bytes, 16
 //! to 32 bytes of timer heap and 5.7 to 11.4 bytes of index, depending on where the count sits
-//! between doublings: with 16-byte keys, between about 136 and 156 bytes at any count (plus the
-//! unused part of the last 96 KiB chunk). The bench `home_grant` (`home_memory`, counting every
-//! allocation) measures 136.5 bytes per delegation at 900 000 live delegations, 139.3 at a
-//! million and 148.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
+//! between doublings: with 16-byte keys, between about 144 and 164 bytes at any count (plus the
+//! unused part of the last 104 KiB chunk). The bench `home_grant` (`home_memory`, counting every
+//! allocation) measures 144.5 bytes per delegation at 900 000 live delegations, 147.3 at a
+//! million and 156.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
 //! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
 //! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
-//! capacities. Waiters (40 bytes each, plus a 40-byte queue), notes and handovers in progress are
+//! capacities. Waiters (48 bytes each, plus a 40-byte queue), notes and handovers in progress are
 //! allocated only while present. Neither the slab nor the index shrinks when keys go.
 
 use std::cmp::Reverse;
@@ -153,7 +153,7 @@ use keyhome_epoch::{Instant, NodeId, Timing};
 use crate::authority::Authority;
 use crate::check::CheckAnswer;
 use crate::limits::Limits;
-use crate::message::{Body, Grantee, Handed, Key, Message, Refusal};
+use crate::message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 use crate::token::FencingToken;
 
 /// "No wake-up armed" in [`Entry::wake`].
@@ -402,7 +402,7 @@ impl Keys {
 #[derive(Clone, Copy, Debug)]
 struct Waiter {
     from: NodeId,
-    id: u64,
+    id: RequestId,
     /// As asked; clamped when granted (see [`granted_lease`]).
     lease: Duration,
     /// Receipt + the request's wait, home clock.
@@ -415,7 +415,7 @@ struct Live {
     holder: NodeId,
     grantee: Grantee,
     /// The request id it answered last (grant or renewal).
-    id: u64,
+    id: RequestId,
     /// Conservative end, home clock.
     end: Instant,
 }
@@ -696,7 +696,7 @@ impl Home {
     }
 
     /// The requesters queued for `key`, oldest first, as `(requester, request id)`.
-    pub fn waiters(&self, key: &[u8]) -> Vec<(NodeId, u64)> {
+    pub fn waiters(&self, key: &[u8]) -> Vec<(NodeId, RequestId)> {
         self.keys
             .get(key)
             .and_then(|e| e.queue.as_ref())
@@ -785,7 +785,7 @@ impl Home {
         from: NodeId,
         epoch: u64,
         key: Key,
-        id: u64,
+        id: RequestId,
         lease: Duration,
         wait: Duration,
         held: Option<Grantee>,
@@ -833,7 +833,7 @@ impl Home {
         key: &KeyRef,
         e: &mut Entry,
         from: NodeId,
-        id: u64,
+        id: RequestId,
         lease: Duration,
         wait: Duration,
         held: Option<Grantee>,
@@ -875,7 +875,7 @@ impl Home {
         if e.queue.as_ref().is_some_and(|q| q.waiters.iter().any(|w| w.from == from && w.id == id)) {
             return Ok(()); // a duplicate: already queued
         }
-        let deadline = now + wait;
+        let deadline = now + wait.min(self.config.limits.max_request_wait);
         if let Some(until) = delay_until
             && deadline <= until
         {
@@ -1139,7 +1139,7 @@ impl Home {
         key: &KeyRef,
         e: &mut Entry,
         from: NodeId,
-        id: u64,
+        id: RequestId,
         lease: Duration,
         auth: &impl Authority,
     ) {
@@ -1418,7 +1418,7 @@ impl Home {
         self.out.push_back((to, Message { epoch, body }));
     }
 
-    fn refuse(&mut self, to: NodeId, key: Key, id: u64, reason: Refusal) {
+    fn refuse(&mut self, to: NodeId, key: Key, id: RequestId, reason: Refusal) {
         self.send(to, Body::Refuse { key, id, reason });
     }
 }
@@ -1497,11 +1497,11 @@ mod tests {
     #[test]
     fn per_key_state_is_small() {
         // The figure the module documentation quotes.
-        assert_eq!(std::mem::size_of::<Live>(), 48);
-        assert!(std::mem::size_of::<Entry>() <= 80, "{}", std::mem::size_of::<Entry>());
-        assert_eq!(Home::ENTRY_BYTES, 96);
+        assert_eq!(std::mem::size_of::<Live>(), 56);
+        assert!(std::mem::size_of::<Entry>() <= 88, "{}", std::mem::size_of::<Entry>());
+        assert_eq!(Home::ENTRY_BYTES, 104);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
-        assert_eq!(std::mem::size_of::<Waiter>(), 40);
+        assert_eq!(std::mem::size_of::<Waiter>(), 48);
         assert_eq!(std::mem::size_of::<Queue>(), 40);
     }
 }

@@ -29,5 +29,5 @@ pub use holder::{
 };
 pub use home::{Delegation, Home, HomeConfig, KeyStatus};
 pub use limits::Limits;
-pub use message::{Body, Grantee, Handed, Key, Message, Refusal};
+pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 pub use token::{FencingToken, TokenParseError};

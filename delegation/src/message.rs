@@ -48,16 +48,23 @@ pub struct Message {
 pub enum Body {
     /// Holder → home: grant me `key` for `lease`; I wait at most `wait` from my send instant.
     /// `held` names the delegation the sender holds and wants renewed, if any.
-    Request { key: Key, id: u64, lease: Duration, wait: Duration, held: Option<Grantee> },
+    Request { key: Key, id: RequestId, lease: Duration, wait: Duration, held: Option<Grantee> },
     /// Home → holder: the delegation of `key`, valid for `lease` from the instant the holder
     /// sent request `id`. `note` is the previous holder's handoff note; `recovered` says the
     /// previous delegation ended by expiry, not by a clean release, so no note could be handed.
     /// A home also sets it whenever it cannot vouch that the previous delegation, if any, ended in
     /// a clean release with this note (see [`crate::home`]). A renewal (same `grantee` as the
     /// sender's `held`) carries no note and `recovered: false`.
-    Grant { key: Key, id: u64, grantee: Grantee, lease: Duration, note: Option<Vec<u8>>, recovered: bool },
+    Grant {
+        key: Key,
+        id: RequestId,
+        grantee: Grantee,
+        lease: Duration,
+        note: Option<Vec<u8>>,
+        recovered: bool,
+    },
     /// Home → requester: request `id` is refused.
-    Refuse { key: Key, id: u64, reason: Refusal },
+    Refuse { key: Key, id: RequestId, reason: Refusal },
     /// Home → holder: someone is waiting; release `grantee` as soon as the local holder is done.
     Recall { key: Key, grantee: Grantee },
     /// Holder → home: `grantee` is given back, with an optional handoff note for the next holder.
@@ -95,14 +102,30 @@ pub enum Body {
     HandoverAck { key: Key },
 }
 
+/// Names one delegation request of one holder: the run (incarnation) that sent it and its number
+/// in that run. A run numbers its requests 1, 2, 3, … (64 bits: it never wraps), so no answer
+/// meant for an earlier run, or for an earlier request of this one, can match a later request.
+/// Ordered by run, then number.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequestId {
+    pub incarnation: u64,
+    pub seq: u64,
+}
+
+impl RequestId {
+    pub const fn new(incarnation: u64, seq: u64) -> RequestId {
+        RequestId { incarnation, seq }
+    }
+}
+
 /// A live delegation, as an old home hands it to a key's new home in [`Body::Handover`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Handed {
     /// The node the delegation was granted to.
     pub holder: NodeId,
     pub grantee: Grantee,
-    /// The request id the delegation answered (so a retransmitted request is recognised).
-    pub id: u64,
+    /// The request the delegation answered (so a retransmitted request is recognised).
+    pub id: RequestId,
     /// How long, on the old home's clock from its send instant, the old home would still have
     /// treated the delegation as live (its conservative view, already widened for clock rates).
     pub remaining: Duration,

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use keyhome_delegation::holder::{Event, Handle, Holder, HolderConfig, LockError, LockOutcome, Ticket};
-use keyhome_delegation::{Authority, Body, CheckAnswer, FencingToken, Grantee, Message, Refusal};
+use keyhome_delegation::{Authority, Body, CheckAnswer, FencingToken, Grantee, Message, Refusal, RequestId};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- allocation counting (rule 8) ----
@@ -131,7 +131,7 @@ fn events(h: &mut Holder) -> Vec<Event> {
 struct Req {
     to: NodeId,
     key: Vec<u8>,
-    id: u64,
+    id: RequestId,
     lease: Duration,
     wait: Duration,
     held: Option<Grantee>,
@@ -172,7 +172,14 @@ fn release(g: Grantee, note: Option<&[u8]>, recovered: bool) -> Body {
     Body::Release { key: b"k".to_vec(), grantee: g, note: note.map(<[u8]>::to_vec), recovered }
 }
 
-fn grant(key: &[u8], id: u64, g: Grantee, lease: Duration, note: Option<&[u8]>, recovered: bool) -> Message {
+fn grant(
+    key: &[u8],
+    id: RequestId,
+    g: Grantee,
+    lease: Duration,
+    note: Option<&[u8]>,
+    recovered: bool,
+) -> Message {
     Message {
         epoch: EPOCH,
         body: Body::Grant {
@@ -186,7 +193,7 @@ fn grant(key: &[u8], id: u64, g: Grantee, lease: Duration, note: Option<&[u8]>, 
     }
 }
 
-fn refuse(key: &[u8], id: u64, reason: Refusal) -> Message {
+fn refuse(key: &[u8], id: RequestId, reason: Refusal) -> Message {
     Message { epoch: EPOCH, body: Body::Refuse { key: key.to_vec(), id, reason } }
 }
 
@@ -735,10 +742,15 @@ fn a_renewal_grant_after_an_expiry_is_handed_back_recovered() {
 fn a_grant_for_an_earlier_run_is_handed_back_recovered() {
     let auth = Script::new();
     let mut h = holder();
-    let earlier = (6 << 32) | 3;
+    let earlier = RequestId::new(6, 3);
     h.handle_message(at(10), HOME, grant(b"k", earlier, grantee(1), secs(10), None, false), &auth);
     assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
-    h.handle_message(at(20), HOME, grant(b"k", earlier + 1, grantee(2), secs(10), Some(b"p"), false), &auth);
+    h.handle_message(
+        at(20),
+        HOME,
+        grant(b"k", RequestId { seq: 4, ..earlier }, grantee(2), secs(10), Some(b"p"), false),
+        &auth,
+    );
     assert_eq!(sent(&mut h), vec![(HOME, release(grantee(2), Some(b"p"), true))]);
 }
 
@@ -990,7 +1002,12 @@ fn requests_go_to_the_home_and_soft_refusals_retry_after_a_back_off() {
     assert_eq!(r.to, OTHER, "requests go to auth.home_of(key)");
     // A refusal from someone else, or for another id, is ignored.
     h.handle_message(at(10), HOME, refuse(b"k", r.id, Refusal::HomeFull), &auth);
-    h.handle_message(at(10), OTHER, refuse(b"k", r.id + 1, Refusal::HomeFull), &auth);
+    h.handle_message(
+        at(10),
+        OTHER,
+        refuse(b"k", RequestId { seq: r.id.seq + 1, ..r.id }, Refusal::HomeFull),
+        &auth,
+    );
     assert!(events(&mut h).is_empty());
     // NotHome: the epoch moved on; retry after the back-off (50 ms), at the new home.
     h.handle_message(at(20), OTHER, refuse(b"k", r.id, Refusal::NotHome), &auth);
@@ -1104,7 +1121,7 @@ fn stray_and_duplicate_grants_are_handed_back_while_live() {
     h.handle_message(
         at(100),
         HOME,
-        grant(b"k", 99 << 32 | 5, grantee(7), secs(10), Some(b"x"), false),
+        grant(b"k", RequestId::new(99, 5), grantee(7), secs(10), Some(b"x"), false),
         &auth,
     );
     assert_eq!(one_release(&mut h), (HOME, b"k".to_vec(), grantee(7), Some(b"x".to_vec())));

@@ -11,7 +11,7 @@ use std::time::Duration;
 use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
 use keyhome_delegation::{
     Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, KeyStatus,
-    Limits, Message, Refusal,
+    Limits, Message, Refusal, RequestId,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
@@ -168,7 +168,17 @@ fn request(
     wait: Duration,
     held: Option<Grantee>,
 ) -> Message {
-    Message { epoch, body: Body::Request { key: key.to_vec(), id, lease, wait, held } }
+    Message { epoch, body: Body::Request { key: key.to_vec(), id: rid(id), lease, wait, held } }
+}
+
+/// Request number `seq` of the requesters' (single) run.
+fn rid(seq: u64) -> RequestId {
+    RequestId::new(1, seq)
+}
+
+/// The requesters queued for `key`, oldest first, as `(requester, request number)`.
+fn waiters(home: &Home, key: &[u8]) -> Vec<(NodeId, u64)> {
+    home.waiters(key).into_iter().map(|(from, id)| (from, id.seq)).collect()
 }
 
 /// A request under epoch 1 for a 500 ms lease, waiting up to `wait`.
@@ -203,7 +213,7 @@ fn the_grant(home: &mut Home, to: NodeId) -> (u64, Grantee, Duration, Option<Vec
     assert_eq!(out.len(), 1, "{out:?}");
     match out.into_iter().next() {
         Some((dest, Body::Grant { id, grantee, lease, note, recovered, .. })) if dest == to => {
-            (id, grantee, lease, note, recovered)
+            (id.seq, grantee, lease, note, recovered)
         }
         other => panic!("expected a grant to {to}, got {other:?}"),
     }
@@ -213,7 +223,7 @@ fn the_refusal(home: &mut Home, to: NodeId) -> (u64, Refusal) {
     let out = drain(home);
     assert_eq!(out.len(), 1, "{out:?}");
     match out.into_iter().next() {
-        Some((dest, Body::Refuse { id, reason, .. })) if dest == to => (id, reason),
+        Some((dest, Body::Refuse { id, reason, .. })) if dest == to => (id.seq, reason),
         other => panic!("expected a refusal to {to}, got {other:?}"),
     }
 }
@@ -226,7 +236,7 @@ fn grant(home: &mut Home, auth: &Script, t: Instant, to: NodeId, key: &[u8], id:
 
 /// Everything the home allocates per key, for "no allocation" checks.
 fn footprint(home: &Home, key: &[u8]) -> (usize, usize, usize, usize, Vec<(NodeId, u64)>) {
-    (home.tracked_keys(), home.delegations(), home.keys_in_lock_delay(), home.records(), home.waiters(key))
+    (home.tracked_keys(), home.delegations(), home.keys_in_lock_delay(), home.records(), waiters(home, key))
 }
 
 // ---- rule 1: refusals, in order, before any allocation ----
@@ -293,7 +303,7 @@ fn home_full_refuses_before_allocating() {
     // A held key still queues: queuing creates no delegation.
     home.handle_message(at(1), C, req(b"a", 2, ms(100)), &auth);
     assert!(matches!(drain(&mut home)[..], [(A, Body::Recall { .. })]));
-    assert_eq!(home.waiters(b"a"), vec![(C, 2)]);
+    assert_eq!(waiters(&home, b"a"), vec![(C, 2)]);
 }
 
 #[test]
@@ -355,7 +365,7 @@ fn a_queued_request_granted_after_a_timing_change_gets_the_new_bound() {
     home.handle_message(at(3), A, release(2, b"k", g, None), &auth);
     let out = drain(&mut home);
     let (grantee, lease) = match &out[..] {
-        [(B, Body::Grant { id: 10, grantee, lease, .. })] => (*grantee, *lease),
+        [(B, Body::Grant { id: RequestId { seq: 10, .. }, grantee, lease, .. })] => (*grantee, *lease),
         other => panic!("{other:?}"),
     };
     assert_eq!(lease, shorter);
@@ -411,16 +421,21 @@ fn waiters_are_served_in_order_and_deduplicated() {
     home.handle_message(at(3), B, req(b"k", 10, ms(900)), &auth); // a duplicate
     home.handle_message(at(4), N, req(b"k", 30, ms(900)), &auth);
     drain(&mut home);
-    assert_eq!(home.waiters(b"k"), vec![(B, 10), (C, 20), (N, 30)]);
+    assert_eq!(waiters(&home, b"k"), vec![(B, 10), (C, 20), (N, 30)]);
     home.handle_message(at(5), A, release(1, b"k", g, None), &auth);
     let out = drain(&mut home);
     let g_b = match &out[..] {
-        [(B, Body::Grant { id: 10, grantee, .. }), (B, Body::Recall { .. })] => *grantee,
+        [(B, Body::Grant { id: RequestId { seq: 10, .. }, grantee, .. }), (B, Body::Recall { .. })] => {
+            *grantee
+        }
         other => panic!("{other:?}"),
     };
     home.handle_message(at(6), B, release(1, b"k", g_b, None), &auth);
-    assert!(matches!(drain(&mut home)[..], [(C, Body::Grant { id: 20, .. }), (C, Body::Recall { .. })]));
-    assert_eq!(home.waiters(b"k"), vec![(N, 30)]);
+    assert!(matches!(
+        drain(&mut home)[..],
+        [(C, Body::Grant { id: RequestId { seq: 20, .. }, .. }), (C, Body::Recall { .. })]
+    ));
+    assert_eq!(waiters(&home, b"k"), vec![(N, 30)]);
 }
 
 #[test]
@@ -455,6 +470,23 @@ fn no_recall_when_nobody_waits() {
 }
 
 #[test]
+fn a_request_waits_at_most_the_longest_wait_the_home_allows() {
+    let mut config = HomeConfig::new(H);
+    config.limits.max_request_wait = ms(100);
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 1, Duration::from_secs(864_000)), &auth);
+    drain(&mut home);
+    home.handle_timeout(at(100), &auth);
+    assert!(drain(&mut home).iter().all(|(_, b)| !matches!(b, Body::Refuse { .. })));
+    home.handle_timeout(at(101), &auth);
+    let refused = Body::Refuse { key: b"k".to_vec(), id: rid(1), reason: Refusal::WaitExpired };
+    assert!(drain(&mut home).contains(&(B, refused)), "a ten-day wait is cut to 100 ms");
+    assert_eq!(waiters(&home, b"k"), vec![]);
+}
+
+#[test]
 fn expired_waiters_are_refused_and_dropped() {
     let mut home = home();
     let auth = Script::new(H);
@@ -466,8 +498,10 @@ fn expired_waiters_are_refused_and_dropped() {
     assert!(drain(&mut home).iter().all(|(_, b)| !matches!(b, Body::Refuse { .. })));
     home.handle_timeout(at(51), &auth);
     let out = drain(&mut home);
-    assert!(out.contains(&(B, Body::Refuse { key: b"k".to_vec(), id: 1, reason: Refusal::WaitExpired })));
-    assert_eq!(home.waiters(b"k"), vec![(C, 2)]);
+    assert!(
+        out.contains(&(B, Body::Refuse { key: b"k".to_vec(), id: rid(1), reason: Refusal::WaitExpired }))
+    );
+    assert_eq!(waiters(&home, b"k"), vec![(C, 2)]);
 }
 
 #[test]
@@ -497,7 +531,7 @@ fn renewal_is_refused_while_others_wait() {
     drain(&mut home);
     home.handle_message(at(300), A, request(1, b"k", 2, ms(500), ms(0), Some(g)), &auth);
     let out = drain(&mut home);
-    let refused = (A, Body::Refuse { key: b"k".to_vec(), id: 2, reason: Refusal::Recalled });
+    let refused = (A, Body::Refuse { key: b"k".to_vec(), id: rid(2), reason: Refusal::Recalled });
     assert!(out.contains(&refused), "{out:?}");
     assert!(out.iter().all(|m| *m == refused || matches!(m, (A, Body::Recall { .. }))), "{out:?}");
     assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(0), ms(500)), "not extended");
@@ -515,7 +549,7 @@ fn a_lost_grant_is_sent_again_within_the_homes_view() {
     assert!(at(100) + rate_margin(lease, TIMING.clock_rate_ppm) <= end_of(at(0), ms(500)));
     assert!(lease > ms(390));
     assert_eq!(home.delegations(), 1);
-    assert_eq!(home.waiters(b"k"), vec![]);
+    assert_eq!(waiters(&home, b"k"), vec![]);
 }
 
 // ---- rule 4: release ----
@@ -683,25 +717,28 @@ fn lock_delay_is_its_own_state_and_is_respected() {
     let end = end_of(at(0), ms(500));
     let until = end + ms(200);
     home.handle_timeout(end, &auth);
-    let refused_c = Body::Refuse { key: b"k".to_vec(), id: 2, reason: Refusal::LockDelay(ms(200)) };
+    let refused_c = Body::Refuse { key: b"k".to_vec(), id: rid(2), reason: Refusal::LockDelay(ms(200)) };
     assert_eq!(drain(&mut home), vec![(C, refused_c)]);
     assert_eq!(home.status(b"k"), KeyStatus::LockDelay { until });
     assert_eq!(home.lock_delay_until(b"k"), Some(until));
     assert_eq!((home.keys_in_lock_delay(), home.delegations()), (1, 0));
-    assert_eq!(home.waiters(b"k"), vec![(B, 1)]);
+    assert_eq!(waiters(&home, b"k"), vec![(B, 1)]);
     // New requests: refused with the time left if their wait cannot cover it, else queued.
     home.handle_message(end + ms(50), N, req(b"k", 3, ms(100)), &auth);
     assert_eq!(the_refusal(&mut home, N), (3, Refusal::LockDelay(ms(150))));
     home.handle_message(end + ms(50), A, req(b"k", 4, ms(500)), &auth);
     assert_eq!(drain(&mut home), vec![]);
-    assert_eq!(home.waiters(b"k"), vec![(B, 1), (A, 4)]);
+    assert_eq!(waiters(&home, b"k"), vec![(B, 1), (A, 4)]);
     home.handle_timeout(until - Duration::from_nanos(1), &auth);
     assert_eq!(drain(&mut home), vec![]);
     home.handle_timeout(until, &auth);
     let out = drain(&mut home);
     assert!(matches!(
         &out[..],
-        [(B, Body::Grant { id: 1, recovered: true, note: None, .. }), (B, Body::Recall { .. })]
+        [
+            (B, Body::Grant { id: RequestId { seq: 1, .. }, recovered: true, note: None, .. }),
+            (B, Body::Recall { .. })
+        ]
     ));
     assert_eq!(home.keys_in_lock_delay(), 0);
 }
@@ -875,7 +912,7 @@ fn a_key_that_keeps_its_home_keeps_everything() {
     home.on_epoch_change(at(2), &auth);
     assert_eq!(drain(&mut home), vec![]);
     assert_eq!(home.delegation(b"k").map(|d| d.grantee), Some(g));
-    assert_eq!(home.waiters(b"k"), vec![(B, 1)]);
+    assert_eq!(waiters(&home, b"k"), vec![(B, 1)]);
     // A release under the new epoch grants the waiter, with the note, under the new epoch.
     home.handle_message(at(3), A, release(2, b"k", g, Some(b"n")), &auth);
     let out = drain(&mut home);
@@ -902,7 +939,7 @@ fn a_moved_key_is_handed_over_and_forgotten_on_the_ack() {
     let end = end_of(at(0), ms(500));
     let handover = |remaining| Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: 1, remaining }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -911,7 +948,7 @@ fn a_moved_key_is_handed_over_and_forgotten_on_the_ack() {
     assert_eq!(
         out,
         vec![
-            (B, Body::Refuse { key: b"k".to_vec(), id: 1, reason: Refusal::NotHome }),
+            (B, Body::Refuse { key: b"k".to_vec(), id: rid(1), reason: Refusal::NotHome }),
             (N, handover(end.saturating_duration_since(at(100)))),
         ]
     );
@@ -989,7 +1026,7 @@ fn the_new_home_adopts_and_regrants_right_after_the_release() {
     auth.active = false; // the activation wait is still running
     auth.previous = Some(H);
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
-    let handed = Handed { holder: A, grantee: g, id: 1, remaining: ms(400) };
+    let handed = Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) };
     let handover = |epoch| Message {
         epoch,
         body: Body::Handover {
@@ -1040,7 +1077,7 @@ fn adopting() -> (Home, Script, Grantee) {
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     let body = Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: 1, remaining: ms(400) }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -1082,13 +1119,13 @@ fn handed_durations_beyond_what_the_epoch_and_config_allow_are_not_taken_at_face
     // instead of staying held forever.
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     for remaining in [TIMING.fence_bound() + Duration::from_nanos(1), Duration::MAX] {
-        let live = Some(Handed { holder: A, grantee: g, id: 1, remaining });
+        let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining });
         new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
         assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
         assert_eq!((new.tracked_keys(), new.delegation(b"k")), (0, None));
     }
     // Up to the bound, adopted.
-    let live = Some(Handed { holder: A, grantee: g, id: 1, remaining: TIMING.fence_bound() });
+    let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining: TIMING.fence_bound() });
     new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
     assert!(new.is_adopted(b"k"));
     // A lock-delay is cut to this home's own.
@@ -1320,7 +1357,7 @@ fn memory_per_live_delegation() {
         worst.1,
         Home::ENTRY_BYTES
     );
-    const { assert!(Home::ENTRY_BYTES <= 96) };
+    const { assert!(Home::ENTRY_BYTES <= 104) };
     assert!(worst.0 <= 200.0, "{:.1} bytes per delegation at {}", worst.0, worst.1);
     assert!(measured.abs_diff(estimate) <= 4, "estimate {estimate} vs measured {measured}");
 }

@@ -34,10 +34,13 @@ pub enum Body {
     Chosen(EpochRecord),
     /// "My epoch is `Message::epoch`; send me the current one if yours is newer."
     CatchUp,
-    /// A home lease request for the sender's current epoch; `seq` numbers the sender's attempts.
-    LeaseRequest { seq: u64 },
-    /// A vote for the lease request `seq`, valid only for the epoch the message carries.
-    LeaseGrant { seq: u64 },
+    /// A home lease request for the sender's current epoch: attempt `seq` (1, 2, 3, …; 64 bits,
+    /// never wraps) of the sender's run `incarnation`, so no vote for another run's or an
+    /// earlier attempt's request can count.
+    LeaseRequest { incarnation: u64, seq: u64 },
+    /// A vote for that lease request, echoing its numbers, valid only for the epoch the message
+    /// carries.
+    LeaseGrant { incarnation: u64, seq: u64 },
 }
 
 /// Why a received message is dropped before it is looked at.

@@ -153,7 +153,7 @@ struct Lease {
     epoch: u64,
     /// End of the lease on this node's clock; `None` before the first majority.
     valid_until: Option<Instant>,
-    /// Number of the latest request.
+    /// Number of the latest request in this run.
     seq: u64,
     /// When the latest request was produced; the lease it earns counts from here.
     sent_at: Instant,
@@ -233,9 +233,9 @@ impl EpochNode {
             stored.promised.iter().chain(stored.accepted.iter().map(|(b, _)| b)).map(|b| b.round).max();
         let mut node = EpochNode {
             rng: config.seed ^ 0x9e37_79b9_7f4a_7c15,
-            // Lease request numbers start afresh in every run, so no grant meant for an earlier
-            // run can count: a run issues fewer than 2^32 requests.
-            lease: Lease::new(current.number, now, incarnation << 32),
+            // Lease requests carry the run's incarnation, so no grant meant for an earlier run
+            // can count; their numbers start afresh in every run.
+            lease: Lease::new(current.number, now, 0),
             config,
             durable,
             incarnation,
@@ -551,15 +551,19 @@ impl EpochNode {
                     self.send(from, Body::Chosen(self.current().clone()));
                 }
             }
-            Body::LeaseRequest { seq } => {
+            Body::LeaseRequest { incarnation, seq } => {
                 if epoch < current {
                     self.send(from, Body::Chosen(self.current().clone()));
                 } else if epoch == current && self.current().is_member(from) && self.grants_lease(epoch) {
-                    self.send(from, Body::LeaseGrant { seq });
+                    self.send(from, Body::LeaseGrant { incarnation, seq });
                 }
             }
-            Body::LeaseGrant { seq } => {
-                if epoch == self.lease.epoch && epoch == current && self.current().is_member(from) {
+            Body::LeaseGrant { incarnation, seq } => {
+                if epoch == self.lease.epoch
+                    && epoch == current
+                    && incarnation == self.incarnation
+                    && self.current().is_member(from)
+                {
                     self.count_grant(from, seq);
                 }
             }
@@ -688,10 +692,10 @@ impl EpochNode {
         lease.sent_at = now;
         lease.grants.clear();
         lease.next_request = now + renew_every;
-        let seq = lease.seq;
+        let (incarnation, seq) = (self.incarnation, lease.seq);
         let members: Vec<NodeId> = self.current().member_ids().collect();
         for to in members {
-            self.send(to, Body::LeaseRequest { seq });
+            self.send(to, Body::LeaseRequest { incarnation, seq });
         }
     }
 

@@ -349,7 +349,7 @@ fn removed_node_learns_it_and_stops_requesting_leases() {
     assert_eq!(c.propose(3, timing(12)), Err(ProposeError::NotMember { epoch: 2 }));
     // Nor does it grant leases any more.
     let mark = c.mark();
-    c.handle(1, 3, Message { epoch: 2, body: Body::LeaseRequest { seq: 99 } });
+    c.handle(1, 3, Message { epoch: 2, body: Body::LeaseRequest { incarnation: 1, seq: 99 } });
     assert_eq!(c.sent_since(mark, |_| true).len(), 0);
     // The remaining members keep their leases.
     for id in [1, 2] {

@@ -59,8 +59,8 @@ fn partitioned_node_catches_up_from_the_next_lease_request() {
 fn any_message_with_a_higher_epoch_triggers_catch_up() {
     let ballot = Ballot { round: 9, proposer: NodeId(1) };
     let bodies = [
-        Body::LeaseRequest { seq: 5 },
-        Body::LeaseGrant { seq: 5 },
+        Body::LeaseRequest { incarnation: 1, seq: 5 },
+        Body::LeaseGrant { incarnation: 1, seq: 5 },
         Body::CatchUp,
         Body::Prepare { slot: 3, ballot },
         Body::Vote { slot: 3, vote: Vote::Accepted { ballot } },
@@ -84,19 +84,19 @@ fn any_message_with_a_higher_epoch_triggers_catch_up() {
 #[test]
 fn catch_up_requests_are_rate_limited_per_epoch() {
     let mut c = lagging(&[timing(12), timing(13)]);
-    let lease = |seq| Message { epoch: 2, body: Body::LeaseRequest { seq } };
+    let lease = |seq| Message { epoch: 2, body: Body::LeaseRequest { incarnation: 1, seq } };
     let mark = c.mark();
     c.handle(1, 3, lease(1));
     c.handle(2, 3, lease(1));
     assert_eq!(c.count_sent(mark, 3, Kind::CatchUp), 1, "one request per interval");
-    c.handle(1, 3, Message { epoch: 3, body: Body::LeaseRequest { seq: 2 } });
+    c.handle(1, 3, Message { epoch: 3, body: Body::LeaseRequest { incarnation: 1, seq: 2 } });
     assert_eq!(c.count_sent(mark, 3, Kind::CatchUp), 2, "a newer epoch is asked for at once");
     c.drop_where(|_| true);
     let t = c.now + ms(100);
     c.tick_until(t);
     c.drop_where(|_| true);
     let mark = c.mark();
-    c.handle(1, 3, Message { epoch: 3, body: Body::LeaseRequest { seq: 3 } });
+    c.handle(1, 3, Message { epoch: 3, body: Body::LeaseRequest { incarnation: 1, seq: 3 } });
     assert_eq!(summary(&c.sent_since(mark, |_| true)), vec![(3, 1, Kind::CatchUp)], "asked again later");
 }
 
@@ -267,10 +267,10 @@ fn stale_requests_are_answered_with_the_current_epoch() {
     let current = c.node(1).current().clone();
     let ballot = Ballot { round: 1, proposer: NodeId(3) };
     let cases = [
-        (1, Body::LeaseRequest { seq: 7 }),
+        (1, Body::LeaseRequest { incarnation: 1, seq: 7 }),
         (1, Body::CatchUp),
         (1, Body::Prepare { slot: 2, ballot }),
-        (2, Body::LeaseRequest { seq: 7 }),
+        (2, Body::LeaseRequest { incarnation: 1, seq: 7 }),
         (2, Body::Prepare { slot: 3, ballot }),
     ];
     for (epoch, body) in cases {
@@ -284,7 +284,7 @@ fn stale_requests_are_answered_with_the_current_epoch() {
     let mark = c.mark();
     c.handle(2, 1, Message { epoch: 3, body: Body::CatchUp });
     assert_eq!(c.mark(), mark);
-    c.handle(2, 1, Message { epoch: 3, body: Body::LeaseRequest { seq: 7 } });
+    c.handle(2, 1, Message { epoch: 3, body: Body::LeaseRequest { incarnation: 1, seq: 7 } });
     assert_eq!(summary(&c.sent_since(mark, |_| true)), vec![(1, 2, Kind::LeaseGrant)]);
 }
 

@@ -127,12 +127,12 @@ fn node_cut_off_from_the_majority_loses_its_lease_within_one_home_lease() {
 fn acceptor_that_accepted_the_next_epoch_refuses_to_renew_leases() {
     let mut c = settled(&[1, 2, 3], &[]);
     c.run_until(at(secs(1)));
-    let request = |seq| Message { epoch: 1, body: Body::LeaseRequest { seq } };
+    let request = |seq| Message { epoch: 1, body: Body::LeaseRequest { incarnation: 1, seq } };
     // Control: before accepting anything, node 2 grants.
     let mark = c.mark();
     c.handle(3, 2, request(1000));
     let grants = c.sent_since(mark, |_| true);
-    assert!(grants.len() == 1 && grants[0].message.body == Body::LeaseGrant { seq: 1000 });
+    assert!(grants.len() == 1 && grants[0].message.body == Body::LeaseGrant { incarnation: 1, seq: 1000 });
     c.drop_where(|_| true);
 
     // Node 1's change is accepted by everyone, but nobody learns it is chosen.

@@ -14,6 +14,7 @@ pub mod chaos;
 pub mod check;
 pub mod clock;
 pub mod cluster;
+pub mod disk;
 pub mod fuzz;
 pub mod locks;
 pub mod queue;

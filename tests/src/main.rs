@@ -21,7 +21,7 @@ use keyhome_sim::{Options, Report, bug_switch, run_seed};
 const USAGE: &str = "usage: keyhome-sim [--seeds N] [--start S] [--seed S] [--epochs | --locks] [--members M]
                    [--threads T] [--bug NAME] [--lock-bug NAME] [--calm] [--hostile] [--stats] [--trace]
 
-By default every seed runs both simulations: the epoch simulation (epoch cores only), then the lock
+By default every seed runs both simulations: the epoch simulation (node cores, no locks), then the lock
 simulation (epoch cores, homes, holders, clients and a fenced resource), each drawn from the seed
 exactly as when run alone. A seed passes only if both pass; violations count both.
 

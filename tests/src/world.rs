@@ -1,21 +1,24 @@
-//! The simulated world: nodes running the epoch core, their disks, their clocks and the network
+//! The simulated world: nodes running the node's own core ([`keyhome::core::Core`], the code
+//! `keyhome run` drives, here with no lock traffic), their disks, their clocks and the network
 //! between them, advanced one event at a time in simulated real time.
 //!
-//! Faithful to the driver contract of [`keyhome_epoch::EpochNode`]: messages of a `Ready` leave at
-//! once, its writes reach the disk after a simulated sync latency (in order, one node's disk at a
-//! time), and only then do its persisted messages leave and `advance` is called. A crash loses the
-//! process, every write not yet synced, and every persisted message still waiting for one.
+//! Faithful to the core's driver contract, as the node's runtime carries it out: its outputs are
+//! carried out in the order it produced them; transmissions leave at once; the writes of a
+//! `Persist` reach the disk after a simulated sync latency (in order, one node's disk at a time),
+//! and only then is `persisted` called, which lets the messages that waited for them leave. A
+//! crash loses the process and every write not yet synced. Only the network, the disks and the
+//! clocks are simulated.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
-use keyhome_epoch::{
-    Body, Change, Config, Durable, EpochNode, EpochRecord, Event, Instant, Message, Transmit, Write,
-};
+use keyhome::core::{Core, Output, PeerMessage};
+use keyhome_delegation::{HolderConfig, HomeConfig};
+use keyhome_epoch::{Body, Change, Config, Durable, EpochNode, EpochRecord, Instant, Message, ProposeError};
 use keyhome_ring::NodeId;
 
 use crate::check::{Checker, Kind};
 use crate::clock::Clock;
+use crate::disk::Disk;
 use crate::queue::EventQueue;
 use crate::rng::Rng;
 use crate::scenario::{Fault, Links, Scenario};
@@ -42,11 +45,11 @@ struct Slot {
     clock: Clock,
     /// Synced state: what survives a crash.
     durable: Durable,
-    core: Option<EpochNode>,
+    core: Option<Core>,
     /// Counts process starts, so events for an earlier run are ignored.
     run: u64,
-    /// Writes handed to the disk and not yet synced, with the messages waiting on them.
-    disk: VecDeque<(u64, Vec<Write>, Vec<Transmit>)>,
+    /// Writes handed to the disk and not yet synced.
+    disk: Disk,
     timer_generation: u64,
     /// When this node's pending operator change was proposed (for latency statistics).
     proposed_at: Option<Real>,
@@ -107,7 +110,7 @@ impl World {
                 durable: Durable::genesis(genesis.clone()),
                 core: None,
                 run: 0,
-                disk: VecDeque::new(),
+                disk: Disk::default(),
                 timer_generation: 0,
                 proposed_at: None,
             })
@@ -180,7 +183,7 @@ impl World {
                 }
                 let now = self.local(t);
                 let Some(core) = self.slots[t].core.as_mut() else { return };
-                core.handle_message(now, from, message);
+                core.handle_message(now, from, PeerMessage::Epoch(message));
                 self.after_input(t);
             }
             Ev::Timer { node, generation } => {
@@ -207,16 +210,16 @@ impl World {
         config.round_timeout = self.scenario.round_timeout;
         config.catch_up_interval = self.scenario.round_timeout;
         config.bugs = self.scenario.bugs;
-        let core = EpochNode::start(config, slot.durable.clone(), now);
-        self.checker.started(i, core.incarnation());
-        slot.core = Some(core);
+        let epoch = EpochNode::start(config, slot.durable.clone(), now);
+        self.checker.started(i, epoch.incarnation());
+        slot.core = Some(Core::new(epoch, HomeConfig::new(slot.id), HolderConfig::new(slot.id), now));
         self.after_input(i);
     }
 
     fn crash(&mut self, i: usize) {
         let slot = &mut self.slots[i];
         if slot.core.take().is_some() {
-            slot.disk.clear();
+            slot.disk.lose();
             slot.proposed_at = None;
             slot.timer_generation += 1;
             self.checker.crashed(i);
@@ -230,50 +233,41 @@ impl World {
 
     /// [`World::after_input`]; `timer` when the input was the node's timer.
     fn drain(&mut self, i: usize, timer: bool) {
-        let Some(core) = self.slots[i].core.as_mut() else { return };
-        let mut sends = Vec::new();
-        let mut to_disk = Vec::new();
-        while let Some(ready) = core.ready() {
-            sends.extend(ready.messages.iter().cloned());
-            if ready.needs_advance() {
-                to_disk.push((ready.number, ready.writes, ready.persisted_messages));
+        while let Some(output) = self.slots[i].core.as_mut().and_then(Core::poll_output) {
+            match output {
+                Output::Transmit { to, message: PeerMessage::Epoch(message) } => self.send(i, to, message),
+                Output::Persist { number, writes } => {
+                    let was_idle = self.slots[i].disk.push(number, writes);
+                    if was_idle {
+                        self.schedule_sync(i);
+                    }
+                }
+                Output::ProposalDone { result } => {
+                    if self.scenario.trace {
+                        println!("{:>12.6} node {i}: proposal done: {result:?}", self.now as f64 / 1e9);
+                    }
+                    self.proposal_done(i, result);
+                }
+                // No locks, keys or clients here: nothing else has a receiver.
+                _ => {}
             }
-        }
-        let mut events = Vec::new();
-        while let Some(event) = core.poll_event() {
-            events.push(event);
-        }
-        let timeout = core.poll_timeout();
-        for t in sends {
-            self.send(i, t);
-        }
-        let slot = &mut self.slots[i];
-        let idle = slot.disk.is_empty();
-        slot.disk.extend(to_disk);
-        if idle && !slot.disk.is_empty() {
-            self.schedule_sync(i);
-        }
-        for event in events {
-            if self.scenario.trace {
-                println!("{:>12.6} node {i}: {event:?}", self.now as f64 / 1e9);
-            }
-            self.on_event(i, event);
         }
         let slot = &mut self.slots[i];
         slot.timer_generation += 1;
-        if let Some(at) = timeout {
+        let Some(core) = slot.core.as_ref() else { return };
+        if let Some(at) = core.poll_timeout() {
             let generation = slot.timer_generation;
             let real = slot.clock.real_at(at).max(self.now);
             self.schedule(real, Ev::Timer { node: i, generation });
         }
         let now = self.local(i);
         let Some(core) = self.slots[i].core.as_ref() else { return };
-        if self.checker.after_event(self.now, i, now, timer, core) {
+        if self.checker.after_event(self.now, i, now, timer, core.epoch()) {
             let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
                 .filter(|(j, _)| *j != i)
-                .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c)))
+                .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c.epoch())))
                 .collect();
-            self.checker.check_homes(self.now, i, now, core, &others);
+            self.checker.check_homes(self.now, i, now, core.epoch(), &others);
         }
     }
 
@@ -290,32 +284,24 @@ impl World {
             return;
         }
         let now = slot.clock.local(self.now);
-        let Some((number, writes, messages)) = slot.disk.pop_front() else { return };
-        for w in &writes {
-            if matches!(w, Write::Acceptor { .. }) {
-                self.stats.acceptor_writes += 1;
-            }
-            slot.durable.apply(w);
-        }
+        let Some(synced) = slot.disk.sync(&mut slot.durable) else { return };
+        self.stats.acceptor_writes += synced.acceptor_writes;
         if let Some(core) = slot.core.as_mut() {
-            core.advance(now, number);
+            core.persisted(now, synced.number);
         }
-        for t in messages {
-            self.send(i, t);
-        }
-        if !self.slots[i].disk.is_empty() {
+        if self.slots[i].disk.busy() {
             self.schedule_sync(i);
         }
         self.after_input(i);
     }
 
-    fn send(&mut self, i: usize, t: Transmit) {
+    fn send(&mut self, i: usize, to: NodeId, message: Message) {
         self.stats.messages += 1;
         if let Some(core) = self.slots[i].core.as_ref() {
             let promised = self.slots[i].durable.acceptor.promised;
-            self.checker.sent(self.now, i, core.incarnation(), promised, &t.message);
+            self.checker.sent(self.now, i, core.epoch().incarnation(), promised, &message);
         }
-        match t.message.body {
+        match message.body {
             Body::Chosen(_) if self.rng.chance(self.lose_chosen) => return,
             Body::Vote { .. } if self.rng.chance(self.crash_after_vote) => {
                 let back = self.now + self.rng.range(1_000_000, 30_000_000);
@@ -335,14 +321,13 @@ impl World {
                 delay += self.rng.range(hi, hi * 20);
             }
             let from = self.slots[i].id;
-            self.schedule(self.now + delay, Ev::Deliver { from, to: t.to, message: t.message.clone() });
+            self.schedule(self.now + delay, Ev::Deliver { from, to, message: message.clone() });
         }
     }
 
-    fn on_event(&mut self, i: usize, event: Event) {
-        match event {
-            Event::Learned { .. } => {}
-            Event::ProposalApplied { .. } => {
+    fn proposal_done(&mut self, i: usize, result: Result<u64, ProposeError>) {
+        match result {
+            Ok(_) => {
                 if let Some(at) = self.slots[i].proposed_at.take() {
                     self.stats.change_latencies.push(Duration::from_nanos(self.now - at));
                 }
@@ -350,7 +335,7 @@ impl World {
                     self.liveness = Liveness::Applied;
                 }
             }
-            Event::ProposalFailed { .. } => {
+            Err(_) => {
                 self.slots[i].proposed_at = None;
                 self.stats.proposals_failed += 1;
                 if self.liveness == (Liveness::Proposed { node: i }) {
@@ -487,7 +472,7 @@ impl World {
                     Kind::NoProgress,
                     format!("node {i} knows epoch {} of {}", core.current().number, newest.number),
                 ),
-                Some(core) if !core.holds_lease(now) => self.checker.violation(
+                Some(core) if !core.epoch().holds_lease(now) => self.checker.violation(
                     self.now,
                     Kind::NoProgress,
                     format!("node {i} holds no home lease"),

@@ -6,11 +6,23 @@
 //! at opposite ends of the bound and a short network delay), and checks the violation is one the
 //! rule protects against.
 //!
+//! The rule that an older epoch's lease carries only the delegations that epoch allowed
+//! (`delegation-bound`) needs an interleaving random seeds have not hit: a scripted run of the
+//! node cores shows it instead.
+//!
 //! The two epoch-change rules the simulation switches off in its own authority wrapper
 //! (`no-handover`, `same-home-wait`) break promises about pauses, not safety: calm runs
 //! (`LockOptions::calm`, no faults) catch them as `ChangePause`.
 
-use keyhome_sim::locks::{LockKind, LockOptions, lock_bug, run_lock_seeds};
+use std::time::Duration;
+
+use keyhome_epoch::{Change, NodeId, Timing};
+use keyhome_sim::locks::{
+    LockKind, LockOptions, LockScenario, LockViolation, LockWorld, lock_bug, run_lock_seeds,
+};
+
+/// One simulated millisecond, in nanoseconds.
+const MS: u64 = 1_000_000;
 
 /// Most seeds a search may take.
 const CAP: u64 = 200;
@@ -89,4 +101,63 @@ fn a_home_that_never_adopts_a_handover_is_caught() {
 fn a_home_that_waits_for_keys_that_kept_it_is_caught() {
     // Keys that keep their home are then refused `Activating` after every change.
     caught_calm("same-home-wait");
+}
+
+/// Epoch 1: 6 s home leases, 100 ms delegations; epoch 2 (`SetTiming`) turns that round: 100 ms
+/// home leases, 6 s delegations. Node 3 (index 2), the key's home in both, hears epoch 2 but no
+/// lease request of its own gets out, then is cut off altogether; it still holds its lease of
+/// epoch 1. Epoch 3 removes it, and the key moves to node 1, which waits epoch 3's activation wait
+/// (about 6.1 s). Late in node 3's old lease its own client locks the key: if that lease let it
+/// grant the 6 s delegations of epoch 2, the client's handle outlives node 1's wait, and node 1's
+/// client is admitted inside it. Returns the run's violations.
+fn timing_change_then_removal(bugs: keyhome_epoch::Bugs) -> Vec<LockViolation> {
+    let ms = |n: u64| Duration::from_millis(n);
+    let before = Timing { home_lease: ms(6_000), max_delegation_lease: ms(100), clock_rate_ppm: 10_000 };
+    let after = Timing { home_lease: ms(100), max_delegation_lease: ms(6_000), ..before };
+    let mut scenario = LockScenario::quiet_with(7, 3, before);
+    scenario.base.bugs = bugs;
+    let genesis = scenario.base.genesis.clone();
+    let removed = Change::Remove(NodeId(3)).apply(&genesis).expect("a valid removal");
+    let keys = scenario.base.keys.clone();
+    let home = |r: &keyhome_epoch::EpochRecord, k: usize| r.ring().home(&keys[k]).map(|n| n.0);
+    let key = (0..keys.len()).find(|&k| home(&genesis, k) == Some(3) && home(&removed, k) == Some(1));
+    let key = key.expect("a key homed on node 3 that moves to node 1");
+    let mut w = LockWorld::new(7, scenario);
+    w.run_until(2_000 * MS);
+
+    // Nothing node 3 sends arrives any more; it still hears the others.
+    w.script_partition(&[false, false, true], true);
+    w.script_propose(0, Change::SetTiming(after)).expect("node 1 takes the change");
+    w.run_until(w.now() + 50 * MS);
+    assert_eq!(w.epoch_of(2), Some(2), "node 3 learned epoch 2");
+    w.script_partition(&[false, false, true], false);
+    let cut = w.now();
+    w.script_propose(0, Change::Remove(NodeId(3))).expect("node 1 takes the removal");
+    w.run_until(cut + 50 * MS);
+    assert_eq!((w.epoch_of(0), w.epoch_of(2)), (Some(3), Some(2)));
+
+    // Late in node 3's lease of epoch 1 (which ends about 6 s after its last request got out).
+    w.run_until(cut + 5_000 * MS);
+    w.script_lock(2, key, ms(5_000), ms(500));
+    w.run_until(cut + 5_600 * MS);
+    // Node 1's client waits out the activation wait and locks.
+    let admitted = w.checker.stats.admissions;
+    w.script_lock(0, key, ms(1_000), ms(10_000));
+    w.run_until(cut + 15_000 * MS);
+    assert_eq!(w.checker.stats.admissions, admitted + 1, "node 1 admits its client in the end");
+    std::mem::take(&mut w.checker.violations)
+}
+
+#[test]
+fn a_cut_off_home_grants_no_longer_delegations_after_a_timing_change() {
+    let violations = timing_change_then_removal(keyhome_epoch::Bugs::default());
+    assert!(violations.is_empty(), "{violations:?}");
+}
+
+#[test]
+fn an_older_lease_carrying_the_new_epochs_longer_delegations_is_caught() {
+    let bugs = keyhome_epoch::Bugs { delegation_lease_of_current_epoch: true, ..Default::default() };
+    let violations = timing_change_then_removal(bugs);
+    assert!(violations.iter().any(|v| v.kind == LockKind::Overlap), "{violations:?}");
+    println!("delegation-bound: {}", violations[0]);
 }

@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body, Grantee, Handle, HandleId, Holder, HolderConfig, HolderEvent, LockOutcome, Ticket,
+    Body, Grantee, Handle, HandleId, Holder, HolderConfig, HolderEvent, LockOutcome, RequestId, Ticket,
 };
 use keyhome_epoch::{Instant, NodeId};
 
@@ -31,7 +31,7 @@ struct Held {
 struct Sent {
     to: NodeId,
     key: Vec<u8>,
-    id: u64,
+    id: RequestId,
     held: Option<Grantee>,
 }
 
@@ -173,7 +173,7 @@ impl Run {
         let scale = self.auth.timing.max_delegation_lease;
         let epoch = self.auth.epoch;
         if self.sent.is_empty() || g.index(4) == 0 {
-            let ids: Vec<u64> = self.sent.iter().map(|s| s.id).collect();
+            let ids: Vec<RequestId> = self.sent.iter().map(|s| s.id).collect();
             return (g.node(), g.delegation_message(epoch, &self.grantees, &ids, scale));
         }
         let sent = &self.sent[g.index(self.sent.len())];

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use keyhome_delegation::{Body, Grantee, Home, HomeConfig, Limits};
+use keyhome_delegation::{Body, Grantee, Home, HomeConfig, Limits, RequestId};
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId};
 
@@ -24,6 +24,7 @@ pub const LIMITS: Limits = Limits {
     max_per_requester: 3,
     max_waiters_per_key: 3,
     max_holder_keys: 8,
+    max_request_wait: std::time::Duration::from_secs(2),
 };
 const MAX_RECORDS: usize = 4;
 
@@ -41,7 +42,7 @@ pub fn run(data: &[u8]) -> Result<(), String> {
     let mut now = Instant::from_nanos(g.range(0, 1_000_000_000));
     let mut home = Home::new(config, now);
     let mut grantees: Vec<Grantee> = Vec::new();
-    let mut ids: Vec<u64> = vec![1, 2, 3];
+    let mut ids: Vec<RequestId> = (1..=3).map(|seq| RequestId::new(1, seq)).collect();
     for step in 0..MAX_STEPS {
         if g.is_empty() {
             break;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use arbitrary::Unstructured;
 use keyhome::wire::{PeerFrame, Request};
 use keyhome_delegation::{
-    Body as DBody, CheckAnswer, FencingToken, Grantee, Handed, Message as DMessage, Refusal,
+    Body as DBody, CheckAnswer, FencingToken, Grantee, Handed, Message as DMessage, Refusal, RequestId,
 };
 use keyhome_epoch::paxos::{Ballot, Vote};
 use keyhome_epoch::record::{MAX_ADDR_LEN, MAX_LEASE};
@@ -230,8 +230,8 @@ impl<'a> Gen<'a> {
             }
             3 => EBody::Chosen(value(self)),
             4 => EBody::CatchUp,
-            5 | 6 => EBody::LeaseRequest { seq: self.u64() },
-            _ => EBody::LeaseGrant { seq: self.u64() },
+            5 | 6 => EBody::LeaseRequest { incarnation: self.u64(), seq: self.u64() },
+            _ => EBody::LeaseGrant { incarnation: self.u64(), seq: self.u64() },
         };
         EMessage { epoch, body }
     }
@@ -271,10 +271,10 @@ impl<'a> Gen<'a> {
     }
 
     /// A request id: one of `known` (ids a holder sent) or any.
-    pub fn id(&mut self, known: &[u64]) -> u64 {
+    pub fn request_id(&mut self, known: &[RequestId]) -> RequestId {
         match known.len() {
             n if n > 0 && self.index(4) != 0 => known[self.index(n)],
-            _ => self.number_near(1, u64::MAX),
+            _ => RequestId::new(self.number_near(1, u64::MAX), self.number_near(1, u64::MAX)),
         }
     }
 
@@ -284,7 +284,7 @@ impl<'a> Gen<'a> {
         &mut self,
         epoch: u64,
         grantees: &[Grantee],
-        ids: &[u64],
+        ids: &[RequestId],
         scale: Duration,
     ) -> DMessage {
         let epoch = self.number_near(epoch, MAX_EPOCH);
@@ -292,20 +292,20 @@ impl<'a> Gen<'a> {
         let body = match self.index(10) {
             0 => DBody::Request {
                 key,
-                id: self.id(ids),
+                id: self.request_id(ids),
                 lease: self.duration(scale),
                 wait: self.duration(scale),
                 held: self.bool().then(|| self.grantee(grantees)),
             },
             1 => DBody::Grant {
                 key,
-                id: self.id(ids),
+                id: self.request_id(ids),
                 grantee: self.grantee(grantees),
                 lease: self.duration(scale),
                 note: self.note(),
                 recovered: self.bool(),
             },
-            2 => DBody::Refuse { key, id: self.id(ids), reason: self.refusal() },
+            2 => DBody::Refuse { key, id: self.request_id(ids), reason: self.refusal() },
             3 => DBody::Recall { key, grantee: self.grantee(grantees) },
             4 => DBody::Release {
                 key,
@@ -313,7 +313,7 @@ impl<'a> Gen<'a> {
                 note: self.note(),
                 recovered: self.bool(),
             },
-            5 => DBody::Check { key, id: self.id(ids), token: self.token(grantees) },
+            5 => DBody::Check { key, id: self.request_id(ids).seq, token: self.token(grantees) },
             6 => {
                 let answer = match self.index(5) {
                     0 => Ok(CheckAnswer::HeldNow),
@@ -322,14 +322,19 @@ impl<'a> Gen<'a> {
                     3 => Ok(CheckAnswer::UnknownKey),
                     _ => Err(self.refusal()),
                 };
-                DBody::CheckReply { key, id: self.id(ids), answer }
+                DBody::CheckReply { key, id: self.request_id(ids).seq, answer }
             }
-            9 => DBody::Probe { key, id: self.id(ids), token: self.token(grantees), asker: self.node() },
+            9 => DBody::Probe {
+                key,
+                id: self.request_id(ids).seq,
+                token: self.token(grantees),
+                asker: self.node(),
+            },
             7 => {
                 let live = self.bool().then(|| Handed {
                     holder: self.node(),
                     grantee: self.grantee(grantees),
-                    id: self.id(ids),
+                    id: self.request_id(ids),
                     remaining: self.duration(scale),
                 });
                 DBody::Handover {

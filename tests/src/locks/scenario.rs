@@ -245,6 +245,12 @@ impl LockScenario {
             max_delegation_lease: lease,
             clock_rate_ppm: CLOCK_RATE_PPM,
         };
+        LockScenario::quiet_with(seed, members, timing)
+    }
+
+    /// [`LockScenario::quiet`] with the genesis timing `timing` (delegations as long as it allows).
+    pub fn quiet_with(seed: u64, members: usize, timing: Timing) -> LockScenario {
+        let lease = timing.max_delegation_lease;
         let base = Scenario {
             seed,
             nodes: members,

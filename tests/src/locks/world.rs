@@ -12,7 +12,6 @@
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
-use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
@@ -21,11 +20,12 @@ use keyhome_delegation::{
     Message as DMessage, Refusal, Ticket,
 };
 use keyhome_epoch::time::rate_margin;
-use keyhome_epoch::{Body, Change, Config, Durable, EpochNode, EpochRecord, Instant, Message, Write};
+use keyhome_epoch::{Body, Change, Config, Durable, EpochNode, EpochRecord, Instant, Message, ProposeError};
 use keyhome_ring::NodeId;
 
 use crate::check::Checker;
 use crate::clock::Clock;
+use crate::disk::Disk;
 use crate::queue::EventQueue;
 use crate::rng::Rng;
 use crate::scenario::{Fault, Links};
@@ -98,7 +98,7 @@ struct Slot {
     home_started: Instant,
     run: u64,
     /// Persistence requests not yet durable, oldest first.
-    disk: VecDeque<(u64, Vec<Write>)>,
+    disk: Disk,
     timer_generation: u64,
     /// Frozen until this real instant.
     paused_until: Real,
@@ -163,7 +163,7 @@ impl LockWorld {
                 core: None,
                 home_started: Instant::ZERO,
                 run: 0,
-                disk: VecDeque::new(),
+                disk: Disk::default(),
                 timer_generation: 0,
                 paused_until: 0,
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
@@ -395,7 +395,7 @@ impl LockWorld {
         if slot.core.take().is_none() {
             return;
         }
-        slot.disk.clear();
+        slot.disk.lose();
         slot.timer_generation += 1;
         slot.paused_until = 0;
         let now = self.now;
@@ -433,10 +433,8 @@ impl LockWorld {
                 }
                 Output::Observed { message } => self.observe_deleg(i, &message),
                 Output::Persist { number, writes } => {
-                    let slot = &mut self.slots[i];
-                    let idle = slot.disk.is_empty();
-                    slot.disk.push_back((number, writes));
-                    if idle {
+                    let was_idle = self.slots[i].disk.push(number, writes);
+                    if was_idle {
                         self.schedule_sync(i);
                     }
                 }
@@ -687,14 +685,11 @@ impl LockWorld {
             return;
         }
         let now = slot.clock.local(self.now);
-        let Some((number, writes)) = slot.disk.pop_front() else { return };
-        for w in &writes {
-            slot.durable.apply(w);
-        }
+        let Some(synced) = slot.disk.sync(&mut slot.durable) else { return };
         if let Some(core) = slot.core.as_mut() {
-            core.persisted(now, number);
+            core.persisted(now, synced.number);
         }
-        if !self.slots[i].disk.is_empty() {
+        if self.slots[i].disk.busy() {
             self.schedule_sync(i);
         }
         self.pump(i, false);
@@ -1147,6 +1142,26 @@ impl LockWorld {
             self.slots[node].clients[0].state = CState::Idle;
             self.pump(node, false);
         }
+    }
+
+    /// Scripted: an operator asks `node` for `change`.
+    pub fn script_propose(&mut self, node: usize, change: Change) -> Result<(), ProposeError> {
+        let now = self.local(node);
+        let core = self.slots[node].core.as_mut().expect("up");
+        let result = core.propose(now, change);
+        self.pump(node, false);
+        result
+    }
+
+    /// Scripted: cuts the links between the `true` and the `false` side of `side`; with
+    /// `one_way`, only those from the `true` side to the `false` side.
+    pub fn script_partition(&mut self, side: &[bool], one_way: bool) {
+        self.links.partition(side, one_way);
+    }
+
+    /// The epoch node `node` is in.
+    pub fn epoch_of(&self, node: usize) -> Option<u64> {
+        self.slots[node].core.as_ref().map(|c| c.current().number)
     }
 
     /// The home of key index `key` under node `node`'s current epoch.
