@@ -117,11 +117,11 @@ pub enum RecordError {
     NoMembers,
     #[error("an epoch may have at most {MAX_MEMBERS} members, not {0}")]
     TooManyMembers(usize),
-    #[error("member {0} is listed twice")]
+    #[error("node {0} is listed twice")]
     DuplicateMember(NodeId),
     #[error("members must be sorted by id")]
     Unsorted,
-    #[error("member {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
+    #[error("node {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
     BadAddress { id: NodeId },
     #[error("members {first} and {second} both have the address {addr}")]
     AddressInUse { first: NodeId, second: NodeId, addr: String },
