@@ -111,7 +111,7 @@ pub enum RecordError {
     ZeroNumber,
     #[error("epoch number {0} exceeds the largest, {MAX_EPOCH}")]
     NumberTooLarge(u64),
-    #[error("activation wait {0:?} exceeds the longest any valid timing needs")]
+    #[error("activation wait {} ms exceeds the longest any valid timing needs", .0.as_millis())]
     ActivationWait(Duration),
     #[error("an epoch needs at least one member")]
     NoMembers,
@@ -127,9 +127,9 @@ pub enum RecordError {
     AddressInUse { first: NodeId, second: NodeId, addr: String },
     #[error("ring version {0} differs from this binary's {ROUTING_VERSION}")]
     RingVersion(u32),
-    #[error("home lease {0:?} is outside 10 ms ..= 1 h")]
+    #[error("home lease {} ms is outside 10 ms ..= 1 h", .0.as_millis())]
     HomeLease(Duration),
-    #[error("delegation lease {0:?} is outside (0, 1 h]")]
+    #[error("delegation lease {} ms is outside (0, 1 h]", .0.as_millis())]
     DelegationLease(Duration),
     #[error("clock-rate bound {0} ppm exceeds {MAX_CLOCK_RATE_PPM} ppm")]
     ClockRate(u32),
