@@ -70,7 +70,14 @@ pub struct LockArgs {
     #[arg(value_parser = crate::parse_key, required_unless_present = "key_option")]
     pub key: Option<String>,
     /// The key to lock, for a key that starts with `-` (`--key -k`, `--key=-k`).
-    #[arg(long = "key", id = "key_option", value_parser = crate::parse_key, allow_hyphen_values = true, conflicts_with = "key")]
+    #[arg(
+        long = "key",
+        id = "key_option",
+        value_name = "KEY",
+        value_parser = crate::parse_key,
+        allow_hyphen_values = true,
+        conflicts_with = "key"
+    )]
     pub key_option: Option<String>,
     /// How long the lock lasts without renewal (the node may grant less: at most what is left of
     /// its delegation). Renewed while CMD runs.
