@@ -140,9 +140,9 @@ pub enum Refusal {
     StaleEpoch,
     #[error("the requester is not a member of the home's epoch")]
     NotMember,
-    #[error("the home restarted recently and grants again in {0:?}")]
+    #[error("the home restarted recently and grants again in {} ms", .0.as_millis())]
     Quarantine(Duration),
-    #[error("the key expired uncleanly and is under lock-delay for {0:?} more")]
+    #[error("the key expired uncleanly and is under lock-delay for {} ms more", .0.as_millis())]
     LockDelay(Duration),
     #[error("the key is longer than the home accepts")]
     KeyTooLong,

@@ -21,13 +21,13 @@ pub enum Change {
 /// Why an operator change cannot apply to the current epoch.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ChangeError {
-    #[error("{0} is already a member")]
+    #[error("node {0} is already a member")]
     AlreadyMember(NodeId),
-    #[error("{0} is not a member")]
+    #[error("node {0} is not a member")]
     NotMember(NodeId),
     #[error("removing the last member would leave an empty cluster")]
     LastMember,
-    #[error("address {addr} is already used by member {member}")]
+    #[error("address {addr} is already used by node {member}")]
     AddressInUse { addr: String, member: NodeId },
     #[error("the change leaves the epoch as it is")]
     NoOp,

@@ -111,25 +111,25 @@ pub enum RecordError {
     ZeroNumber,
     #[error("epoch number {0} exceeds the largest, {MAX_EPOCH}")]
     NumberTooLarge(u64),
-    #[error("activation wait {0:?} exceeds the longest any valid timing needs")]
+    #[error("activation wait {} ms exceeds the longest any valid timing needs", .0.as_millis())]
     ActivationWait(Duration),
     #[error("an epoch needs at least one member")]
     NoMembers,
     #[error("an epoch may have at most {MAX_MEMBERS} members, not {0}")]
     TooManyMembers(usize),
-    #[error("member {0} is listed twice")]
+    #[error("node {0} is listed twice")]
     DuplicateMember(NodeId),
     #[error("members must be sorted by id")]
     Unsorted,
-    #[error("member {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
+    #[error("node {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
     BadAddress { id: NodeId },
     #[error("members {first} and {second} both have the address {addr}")]
     AddressInUse { first: NodeId, second: NodeId, addr: String },
     #[error("ring version {0} differs from this binary's {ROUTING_VERSION}")]
     RingVersion(u32),
-    #[error("home lease {0:?} is outside 10 ms ..= 1 h")]
+    #[error("home lease {} ms is outside 10 ms ..= 1 h", .0.as_millis())]
     HomeLease(Duration),
-    #[error("delegation lease {0:?} is outside (0, 1 h]")]
+    #[error("delegation lease {} ms is outside (0, 1 h]", .0.as_millis())]
     DelegationLease(Duration),
     #[error("clock-rate bound {0} ppm exceeds {MAX_CLOCK_RATE_PPM} ppm")]
     ClockRate(u32),

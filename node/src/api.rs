@@ -120,7 +120,7 @@ impl Sessions {
 /// the module docs).
 pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Role) {
     let owner = shared.api.open(role.clone());
-    tracing::debug!(conn = owner.conn, ?role, remote = %conn.remote_address(), "client connected");
+    tracing::debug!(conn = owner.conn, %role, remote = %conn.remote_address(), "client connected");
     let mut stop = shared.shutdown.subscribe();
     loop {
         let stream = tokio::select! {
@@ -179,6 +179,7 @@ async fn answer(
 ) -> Result<Response, ApiError> {
     match request {
         Request::Lock { key, ttl, wait } => {
+            check_key(shared, &key)?;
             let handle = crate::runtime::lock_key(shared, &key, ttl, wait, Owner::Client(owner))
                 .await
                 .map_err(lock_error)?;
@@ -205,6 +206,7 @@ async fn answer(
             Ok(Response::Unlocked)
         }
         Request::Check { key, token } => {
+            check_key(shared, &key)?;
             let (tx, rx) = oneshot::channel();
             shared
                 .with_core(|d, now| {
@@ -234,8 +236,7 @@ async fn answer(
                 ));
             }
             if let keyhome_epoch::Change::Add(m) | keyhome_epoch::Change::Replace { new: m, .. } = &change {
-                crate::config::check_member_addr(&m.addr)
-                    .map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
+                crate::addr::check(&m.addr).map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
             }
             let (tx, rx) = oneshot::channel();
             shared
@@ -286,6 +287,24 @@ async fn answer(
         }
         Request::Subscribe => Err(ApiError::new(ErrorKind::Invalid, "subscribe on its own stream")),
     }
+}
+
+/// Refuses an empty key, and a key longer than this node accepts, saying what the limit is.
+fn check_key(shared: &Arc<Shared>, key: &[u8]) -> Result<(), ApiError> {
+    let max = shared.with_core(|d, _| d.core.holder().config().limits.max_key_len);
+    if key.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::Invalid,
+            format!("the key is empty: a key has 1 to {max} bytes"),
+        ));
+    }
+    if key.len() > max {
+        return Err(ApiError::new(
+            ErrorKind::Invalid,
+            format!("the key is {} bytes, longer than the {max} bytes this node accepts", key.len()),
+        ));
+    }
+    Ok(())
 }
 
 fn claim_error(e: ClaimError) -> ApiError {

@@ -36,7 +36,8 @@ use rustls::pki_types::CertificateDer;
 
 use crate::clock::BootClock;
 use crate::config::{ClientProfile, ConfigError};
-use crate::pki::{self, Identity, PkiError};
+use crate::duration::Human;
+use crate::pki::{self, Identity, PkiError, Role};
 use crate::status::Status;
 use crate::wire::{
     self, ApiError, ClientEvent, ErrorKind, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request, Response,
@@ -57,6 +58,13 @@ pub enum ClientError {
     Socket(std::io::Error),
     #[error("cannot connect to node {node} at {addr}: {reason}")]
     Connect { node: u64, addr: SocketAddr, reason: String },
+    #[error("cannot reach node {node}: {reason}")]
+    Resolve { node: u64, reason: String },
+    #[error(
+        "the certificate is {0}'s: a node certificate serves the peer protocol only. Clients need a \
+         client or operator certificate (keyhome certs issue --dir DIR --client NAME, or --operator)"
+    )]
+    NodeCertificate(Role),
     #[error("the connection to the node failed: {0}")]
     Connection(#[from] quinn::ConnectionError),
     #[error("talking to the node failed: {0}")]
@@ -65,7 +73,7 @@ pub enum ClientError {
     NoAnswer,
     #[error("the node answered something unexpected")]
     Unexpected,
-    #[error("the node did not answer the {request} request within {after:?}")]
+    #[error("the node did not answer the {request} request within {}", Human(*.after))]
     TimedOut { request: &'static str, after: Duration },
     #[error("{}", .0.message)]
     Api(ApiError),
@@ -93,11 +101,23 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects with the files a profile names.
+    /// Connects with the files a profile names, to the first address its `addr` resolves to
+    /// that answers (a name is resolved now; see [`crate::addr`]).
     pub async fn connect(profile: &ClientProfile) -> Result<Client, ClientError> {
         let identity = Identity::load(&profile.cert, &profile.key)?;
         let ca = pki::load_ca(&profile.ca)?;
-        Client::connect_with(NodeId(profile.node), profile.addr, &identity, &ca).await
+        let node = NodeId(profile.node);
+        let resolved = crate::addr::resolve(&profile.addr)
+            .await
+            .map_err(|reason| ClientError::Resolve { node: profile.node, reason })?;
+        let mut failure = None;
+        for addr in resolved {
+            match Client::connect_with(node, addr, &identity, &ca).await {
+                Ok(client) => return Ok(client),
+                Err(e) => failure = Some(e),
+            }
+        }
+        Err(failure.unwrap_or(ClientError::Unexpected))
     }
 
     /// Connects to node `node` at `addr`, presenting `identity`, trusting `ca`.
@@ -107,6 +127,9 @@ impl Client {
         identity: &Identity,
         ca: &[CertificateDer<'static>],
     ) -> Result<Client, ClientError> {
+        if let Ok(role @ Role::Node(_)) = identity.role() {
+            return Err(ClientError::NodeCertificate(role));
+        }
         let (endpoint, conn) = handshake(node, addr, identity, ca).await?;
         // A TLS 1.3 client completes its handshake before the node has checked the client's
         // certificate: wait for the node's confirmation, so that a refused certificate fails
@@ -114,28 +137,38 @@ impl Client {
         confirmed(&conn).await.map_err(|e| ClientError::Connect {
             node: node.0,
             addr,
-            reason: e.to_string(),
+            reason: explain(node, addr, &e.to_string()),
         })?;
         Ok(Client { conn, _endpoint: endpoint, clock: BootClock::new(), timeout: DEFAULT_TIMEOUT })
     }
 
-    /// Checks that node `node` answers at `addr` within `timeout`: the QUIC handshake completes
-    /// and the certificate the node presents proves it holds `node`'s id. (Whether the node then
-    /// serves this certificate on that address does not matter.)
+    /// Checks that node `node` answers at one of `addrs` (tried in turn) within `timeout` each:
+    /// the QUIC handshake completes and the certificate the node presents proves it holds
+    /// `node`'s id. (Whether the node then serves this certificate on that address does not
+    /// matter.) Fails with the last address's failure.
     pub async fn probe(
         node: NodeId,
-        addr: SocketAddr,
+        addrs: &[SocketAddr],
         identity: &Identity,
         ca: &[CertificateDer<'static>],
         timeout: Duration,
     ) -> Result<(), ClientError> {
-        let (endpoint, conn) =
-            tokio::time::timeout(timeout, handshake(node, addr, identity, ca)).await.map_err(|_| {
-                ClientError::Connect { node: node.0, addr, reason: format!("no answer within {timeout:?}") }
-            })??;
-        conn.close(0u32.into(), b"probe done");
-        endpoint.close(0u32.into(), b"probe done");
-        Ok(())
+        let mut failure = ClientError::Unexpected;
+        for &addr in addrs {
+            match tokio::time::timeout(timeout, handshake(node, addr, identity, ca)).await {
+                Ok(Ok((endpoint, conn))) => {
+                    conn.close(0u32.into(), b"probe done");
+                    endpoint.close(0u32.into(), b"probe done");
+                    return Ok(());
+                }
+                Ok(Err(e)) => failure = e,
+                Err(_) => {
+                    let reason = format!("no answer within {}", Human(timeout));
+                    failure = ClientError::Connect { node: node.0, addr, reason };
+                }
+            }
+        }
+        Err(failure)
     }
 
     /// This client with calls timing out after `timeout` (a lock call: after its `wait` plus
@@ -282,13 +315,29 @@ async fn handshake(
     let bind: SocketAddr =
         if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().map_err(|_| ClientError::Unexpected)?;
     let endpoint = quinn::Endpoint::client(bind).map_err(ClientError::Socket)?;
-    let connect_err = |reason: String| ClientError::Connect { node: node.0, addr, reason };
+    let connect_err =
+        |reason: String| ClientError::Connect { node: node.0, addr, reason: explain(node, addr, &reason) };
     let conn = endpoint
         .connect_with(config, addr, &pki::server_name(node))
         .map_err(|e| connect_err(e.to_string()))?
         .await
         .map_err(|e| connect_err(e.to_string()))?;
     Ok((endpoint, conn))
+}
+
+/// A connection failure's `reason`, with what to do about the common ones: nothing answers at
+/// `addr`, or something answers whose certificate is not node `node`'s.
+fn explain(node: NodeId, addr: SocketAddr, reason: &str) -> String {
+    if reason.contains("timed out") {
+        format!("{reason}: is a node running at {addr}? (keyhome run --config …, or keyhome dev)")
+    } else if reason.contains("not valid for name") {
+        format!(
+            "the node at {addr} is not node {node} (its certificate names another node): check the node id \
+             (`node = …` in the profile) against the node at that address ({reason})"
+        )
+    } else {
+        reason.to_string()
+    }
 }
 
 /// Resolves once the node has confirmed the handshake (QUIC HANDSHAKE_DONE, sent after it verified

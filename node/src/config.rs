@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::duration::millis;
 use keyhome_epoch::{EpochRecord, Member, NodeId, RecordError, Timing};
 use serde::{Deserialize, Serialize};
 
@@ -95,21 +96,26 @@ pub struct NodeConfig {
     pub locks: LockSettings,
 }
 
-/// Tuning of the delegation layer on one node; all durations in milliseconds.
+/// Tuning of the delegation layer on one node; all durations in milliseconds, written in the file
+/// as an integer (`5000`) or a duration (`"5s"`, `"1m30s"`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LockSettings {
-    /// Delegation lease asked for (capped by the epoch's `max_delegation_lease`) [10 000].
+    /// Delegation lease asked for (capped by the epoch's `max_delegation_lease`) [5 000: the
+    /// delegation lease `keyhome init` and `keyhome dev` put in the genesis].
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub delegation_lease_ms: u64,
     /// An unused delegation is released after this long [2 000].
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub idle_release_ms: u64,
     /// After an unclean expiry, a key this node homes is kept from everyone this long [0: off].
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub lock_delay_ms: u64,
 }
 
 impl Default for LockSettings {
     fn default() -> LockSettings {
-        LockSettings { delegation_lease_ms: 10_000, idle_release_ms: 2_000, lock_delay_ms: 0 }
+        LockSettings { delegation_lease_ms: 5_000, idle_release_ms: 2_000, lock_delay_ms: 0 }
     }
 }
 
@@ -177,37 +183,14 @@ impl NodeConfig {
     }
 }
 
-/// Checks that `addr` reads as a member address: `HOST:PORT`, the host an IP address (IPv6 in
-/// brackets) or a DNS name, the port from 1 to 65535. Says what is wrong otherwise.
-pub fn check_member_addr(addr: &str) -> Result<(), String> {
-    let port_ok = |port: u16| {
-        if port == 0 { Err(format!("{addr:?}: port 0 is not a port to listen on")) } else { Ok(()) }
-    };
-    if let Ok(sock) = addr.parse::<SocketAddr>() {
-        return port_ok(sock.port());
-    }
-    let Some((host, port)) = addr.rsplit_once(':') else {
-        return Err(format!("{addr:?} is not HOST:PORT"));
-    };
-    let port: u16 = port.parse().map_err(|_| format!("{addr:?}: {port:?} is not a port number"))?;
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-    };
-    if host.is_empty() || host.len() > 253 || !host.trim_end_matches('.').split('.').all(label_ok) {
-        return Err(format!("{addr:?}: {host:?} is neither an IP address nor a host name"));
-    }
-    port_ok(port)
-}
-
-/// The cluster's first epoch, as `keyhome init` writes it. Durations in milliseconds.
+/// The cluster's first epoch, as `keyhome init` writes it. Durations in milliseconds (an integer,
+/// or a duration such as `"5s"`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenesisFile {
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub home_lease_ms: u64,
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub max_delegation_lease_ms: u64,
     pub clock_rate_ppm: u32,
     pub members: Vec<GenesisMember>,
@@ -251,18 +234,15 @@ impl GenesisFile {
     }
 }
 
-fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}
-
 /// What a client needs to reach a node: `keyhome dev` and `keyhome certs issue --client` write
 /// one (`client.toml`); the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientProfile {
-    /// The node to talk to: its id (checked against its certificate) and address.
+    /// The node to talk to: its id (checked against its certificate) and address, `HOST:PORT`
+    /// with an IP address or a DNS name (resolved on each connection; see [`crate::addr`]).
     pub node: u64,
-    pub addr: SocketAddr,
+    pub addr: String,
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
@@ -271,6 +251,10 @@ pub struct ClientProfile {
 impl ClientProfile {
     pub fn load(path: &Path) -> Result<ClientProfile, ConfigError> {
         let mut profile: ClientProfile = read_toml(path)?;
+        crate::addr::check(&profile.addr).map_err(|message| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("addr: {message}"),
+        })?;
         let base = dir_of(path);
         for p in [&mut profile.ca, &mut profile.cert, &mut profile.key] {
             *p = resolve(&base, p);
@@ -282,17 +266,6 @@ impl ClientProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn member_addresses_are_host_and_port() {
-        for ok in ["127.0.0.1:7100", "[::1]:7100", "node-4.example:7100", "localhost:1"] {
-            assert_eq!(check_member_addr(ok), Ok(()), "{ok}");
-        }
-        for bad in ["notanaddress", "127.0.0.1", "10.0.0.1:0", "host:99999", ":7100", "::1", "a b:1", "-x:1"]
-        {
-            assert!(check_member_addr(bad).is_err(), "{bad} accepted");
-        }
-    }
 
     #[test]
     fn a_node_listens_where_its_epoch_places_it() {

@@ -18,7 +18,7 @@ use crate::status::Status;
 pub enum CheckError {
     #[error(transparent)]
     Lock(#[from] LockError),
-    #[error("the key's home did not answer within {0:?}")]
+    #[error("the key's home did not answer within {}", crate::duration::Human(*.0))]
     Timeout(Duration),
 }
 

@@ -7,7 +7,9 @@
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
+//! - [`addr`]: `HOST:PORT` addresses and DNS names; [`duration`]: durations read and shown.
 
+pub mod addr;
 pub mod api;
 #[cfg(feature = "bug-injection")]
 pub mod bugs;
@@ -15,6 +17,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod core;
+pub mod duration;
 pub mod embedded;
 pub mod peers;
 pub mod pki;

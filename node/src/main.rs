@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use keyhome::client::Client;
-use keyhome::config::{ClientProfile, LockSettings, NodeConfig};
+use keyhome::config::{ClientProfile, ConfigError, LockSettings, NodeConfig};
+use keyhome::duration::{self, Human};
 use keyhome::pki::Role;
 use keyhome::{Node, setup};
 use keyhome_delegation::{CheckAnswer, FencingToken};
-use keyhome_epoch::{Change, Member, NodeId, Timing};
+use keyhome_epoch::{Change, EpochRecord, Member, NodeId, Timing};
 
 /// `keyhome token check` exits 0 when the key is held with the token now, and with one of these
 /// otherwise, clear of 1 (any error: no answer in time, a refusal), 2 (a usage error) and the
@@ -69,11 +70,17 @@ enum Command {
     Token(TokenCommand),
 }
 
+/// Where the CLI looks for a client profile when neither `--profile` nor `KEYHOME_PROFILE` says.
+const DEFAULT_PROFILE: &str = "keyhome-dev/client-app/profile.toml";
+/// Where operator commands look for a profile when neither `--profile` nor
+/// `KEYHOME_OPERATOR_PROFILE` says.
+const DEFAULT_OPERATOR_PROFILE: &str = "keyhome-dev/operator/profile.toml";
+
 #[derive(Args)]
 pub struct ProfileArg {
     /// Client profile (node address and certificates). Default: $KEYHOME_PROFILE, else
     /// ./keyhome-dev/client-app/profile.toml.
-    #[arg(long, env = "KEYHOME_PROFILE", default_value = "keyhome-dev/client-app/profile.toml")]
+    #[arg(long, env = "KEYHOME_PROFILE", default_value = DEFAULT_PROFILE)]
     pub profile: PathBuf,
 }
 
@@ -81,17 +88,18 @@ pub struct ProfileArg {
 struct OperatorProfileArg {
     /// Operator profile. Default: $KEYHOME_OPERATOR_PROFILE, else
     /// ./keyhome-dev/operator/profile.toml.
-    #[arg(long, env = "KEYHOME_OPERATOR_PROFILE", default_value = "keyhome-dev/operator/profile.toml")]
+    #[arg(long, env = "KEYHOME_OPERATOR_PROFILE", default_value = DEFAULT_OPERATOR_PROFILE)]
     profile: PathBuf,
 }
 
 #[derive(Args)]
 pub struct TimingArgs {
     /// Home lease.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = duration::parse)]
     home_lease: Duration,
-    /// Longest delegation a home grants.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    /// Longest delegation a home grants (each node asks for its `delegation_lease_ms`, 5 s by
+    /// default, capped by this).
+    #[arg(long, default_value = "5s", value_parser = duration::parse)]
     delegation_lease: Duration,
     /// Bound on clock-rate error, parts per million.
     #[arg(long, default_value_t = 10_000)]
@@ -133,7 +141,7 @@ struct IssueArgs {
     /// Cluster directory made by `keyhome init`.
     #[arg(long)]
     dir: PathBuf,
-    /// A node certificate for node ID.
+    /// A node certificate for node ID, and its node.toml.
     #[arg(long, group = "role")]
     node: Option<u64>,
     /// An operator certificate (may change the membership).
@@ -142,10 +150,15 @@ struct IssueArgs {
     /// A client certificate named NAME (may lock).
     #[arg(long, group = "role")]
     client: Option<String>,
-    /// For a node: the address it listens on. For an operator or client: the node it talks to,
-    /// as ID=HOST:PORT.
+    /// For a node: its address, HOST:PORT (an IP address or a DNS name) [default: its address
+    /// in the genesis]. For an operator or client: the node it talks to, as ID=HOST:PORT, which
+    /// writes its profile.toml.
     #[arg(long)]
     addr: Option<String>,
+    /// Replace the identity's files if they exist (a new key and certificate; the old
+    /// certificate stays valid until the CA is rotated).
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Subcommand)]
@@ -218,30 +231,26 @@ enum TokenCommand {
     Check {
         #[command(flatten)]
         profile: ProfileArg,
+        /// The key (a key that starts with `-` goes after `--`: `token check -- -k TOKEN`).
+        #[arg(value_parser = parse_key)]
         key: String,
         token: FencingToken,
     },
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (digits, unit) = s.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| format!("{s:?} is not a duration like 500ms, 10s or 2m"))?;
-    let unit_ms = match unit {
-        "ms" => 1,
-        "s" | "" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => return Err(format!("unknown unit {unit:?} in {s:?}: use ms, s, m or h")),
-    };
-    Ok(Duration::from_millis(n.saturating_mul(unit_ms)))
+/// A key as given on the command line: not empty (the node refuses one over its limit, and says
+/// the limit).
+pub fn parse_key(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("the key is empty: give a key of at least one byte".into());
+    }
+    Ok(s.to_string())
 }
 
 fn parse_member(s: &str) -> Result<Member, String> {
     let (id, addr) = s.split_once('=').ok_or_else(|| format!("{s:?} is not ID=HOST:PORT"))?;
     let id = id.parse().map_err(|_| format!("{id:?} is not a node id (a number)"))?;
-    keyhome::config::check_member_addr(addr)?;
+    keyhome::addr::check(addr)?;
     Ok(Member { id: NodeId(id), addr: addr.to_string() })
 }
 
@@ -311,7 +320,7 @@ async fn run(command: Command) -> Result<ExitCode> {
             let members: Vec<_> = args.nodes.iter().map(|m| (m.id, m.addr.clone())).collect();
             setup::init(&args.dir, &members, args.timing.timing())?;
             println!("created {}: ca.pem, ca.key (keep it safe), genesis.toml", args.dir.display());
-            println!("next: keyhome certs issue --dir {} --node ID --addr HOST:PORT", args.dir.display());
+            println!("next: keyhome certs issue --dir {} --node ID (for each node)", args.dir.display());
             Ok(ExitCode::SUCCESS)
         }
         Command::Certs(CertsCommand::Issue(args)) => issue(args),
@@ -329,7 +338,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Epoch(EpochCommand::Show { profile, json }) => {
             let epoch = connect(&profile.profile).await?.epoch().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&epoch)?);
+                println!("{}", serde_json::to_string_pretty(&EpochJson::from(&epoch))?);
             } else {
                 println!("epoch {} (ring version {})", epoch.number, epoch.ring_version);
                 for m in &epoch.members {
@@ -337,8 +346,11 @@ async fn run(command: Command) -> Result<ExitCode> {
                 }
                 let t = epoch.timing;
                 println!(
-                    "home lease {:?}, delegation lease {:?}, clock-rate bound {} ppm, activation wait {:?}",
-                    t.home_lease, t.max_delegation_lease, t.clock_rate_ppm, epoch.activation_wait
+                    "home lease {}, delegation lease {}, clock-rate bound {} ppm, activation wait {}",
+                    Human(t.home_lease),
+                    Human(t.max_delegation_lease),
+                    t.clock_rate_ppm,
+                    Human(epoch.activation_wait)
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -390,9 +402,65 @@ async fn run(command: Command) -> Result<ExitCode> {
     }
 }
 
-pub async fn connect(profile: &Path) -> Result<Client> {
-    let profile = ClientProfile::load(profile)?;
-    Ok(Client::connect(&profile).await?)
+/// `keyhome epoch show --json`: the epoch with its durations in milliseconds.
+#[derive(serde::Serialize)]
+struct EpochJson<'a> {
+    number: u64,
+    ring_version: u32,
+    members: &'a [Member],
+    home_lease_ms: u64,
+    max_delegation_lease_ms: u64,
+    clock_rate_ppm: u32,
+    activation_wait_ms: u64,
+}
+
+impl<'a> From<&'a EpochRecord> for EpochJson<'a> {
+    fn from(epoch: &'a EpochRecord) -> EpochJson<'a> {
+        EpochJson {
+            number: epoch.number,
+            ring_version: epoch.ring_version,
+            members: &epoch.members,
+            home_lease_ms: duration::millis(epoch.timing.home_lease),
+            max_delegation_lease_ms: duration::millis(epoch.timing.max_delegation_lease),
+            clock_rate_ppm: epoch.timing.clock_rate_ppm,
+            activation_wait_ms: duration::millis(epoch.activation_wait),
+        }
+    }
+}
+
+/// Reads the profile at `path`; a missing one says how to name another.
+fn load_profile(path: &Path) -> Result<ClientProfile> {
+    match ClientProfile::load(path) {
+        Err(ConfigError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            let env = if path == Path::new(DEFAULT_OPERATOR_PROFILE) {
+                Some("KEYHOME_OPERATOR_PROFILE")
+            } else if path == Path::new(DEFAULT_PROFILE) {
+                Some("KEYHOME_PROFILE")
+            } else {
+                None
+            };
+            Err(match env {
+                Some(env) => format!(
+                    "no profile at {} (the default, which `keyhome dev` writes in the directory it runs \
+                     in): give --profile FILE or set {env}=FILE",
+                    path.display()
+                ),
+                None => format!(
+                    "no profile at {}: check the path (`keyhome certs issue --client NAME --addr \
+                     ID=HOST:PORT` writes one)",
+                    path.display()
+                ),
+            }
+            .into())
+        }
+        other => Ok(other?),
+    }
+}
+
+/// Connects with the profile at `path`; a failure names the profile.
+pub async fn connect(path: &Path) -> Result<Client> {
+    let profile = load_profile(path)?;
+    Client::connect(&profile).await.map_err(|e| format!("{e} (profile {})", path.display()).into())
 }
 
 /// How long a new member may take to answer [`check_answers`].
@@ -401,23 +469,18 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Checks, before it is proposed, that `member` runs and answers at its address with its own
 /// certificate (the handshake proves its id), so that a typo cannot add a member nobody reaches.
 async fn check_answers(profile: &Path, member: &Member) -> Result<()> {
-    let profile = ClientProfile::load(profile)?;
+    let profile = load_profile(profile)?;
     let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
     let ca = keyhome::pki::load_ca(&profile.ca)?;
     let not_answering = |why: String| {
         format!(
             "node {} does not answer at {}: {why}. Start it first (keyhome run --config …), check the \
              address, or give --force to propose it anyway",
-            member.id.0, member.addr
+            member.id, member.addr
         )
     };
-    let addr = tokio::time::timeout(PROBE_TIMEOUT, tokio::net::lookup_host(member.addr.as_str()))
-        .await
-        .map_err(|_| not_answering("its address did not resolve in time".into()))?
-        .map_err(|e| not_answering(format!("its address does not resolve ({e})")))?
-        .next()
-        .ok_or_else(|| not_answering("its address resolves to nothing".into()))?;
-    Client::probe(member.id, addr, &identity, &ca, PROBE_TIMEOUT).await.map_err(|e| match e {
+    let resolved = keyhome::addr::resolve(&member.addr).await.map_err(not_answering)?;
+    Client::probe(member.id, &resolved, &identity, &ca, PROBE_TIMEOUT).await.map_err(|e| match e {
         keyhome::client::ClientError::Connect { reason, .. } => not_answering(reason),
         e => not_answering(e.to_string()),
     })?;
@@ -432,24 +495,42 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
         _ => return Err("give one of --node, --operator, --client".into()),
     };
     let ca = setup::load_ca(&args.dir)?;
-    let dir = setup::issue(&args.dir, &ca, &role)?;
-    println!("issued {role} into {}", dir.display());
-    match (&role, args.addr) {
-        (Role::Node(id), Some(addr)) => {
-            let listen = addr.parse().map_err(|_| format!("{addr:?} is not HOST:PORT with an IP address"))?;
-            let path = setup::write_node_config(&args.dir, *id, listen, false, LockSettings::default())?;
-            println!("wrote {}; start it with: keyhome run --config {}", path.display(), path.display());
+    let mut files = setup::Files::new();
+    let dir = setup::stage_identity(&mut files, &args.dir, &ca, &role)?;
+    let companion = match (&role, args.addr) {
+        (Role::Node(id), addr) => {
+            let addr = match addr {
+                Some(addr) => addr,
+                None => setup::genesis_addr(&args.dir, *id)?,
+            };
+            let listen = keyhome::addr::listen_for(&addr)?;
+            let path =
+                setup::stage_node_config(&mut files, &args.dir, *id, listen, false, LockSettings::default())?;
+            Some(format!(
+                "{} (listening on {listen}, reached at {addr}); start it with: keyhome run --config {}",
+                path.display(),
+                path.display()
+            ))
         }
         (Role::Operator | Role::Client(_), Some(target)) => {
             let member = parse_member(&target)?;
-            let addr = member
-                .addr
-                .parse()
-                .map_err(|_| format!("{:?} is not an IP address and port", member.addr))?;
-            let path = setup::write_profile(&args.dir, &role, member.id, addr)?;
-            println!("wrote {}; use it with --profile {}", path.display(), path.display());
+            let path = setup::stage_profile(&mut files, &args.dir, &role, member.id, &member.addr)?;
+            Some(format!("{}; use it with --profile {}", path.display(), path.display()))
         }
-        _ => {}
+        (Role::Operator | Role::Client(_), None) => None,
+    };
+    files.commit(args.force).map_err(|e| match e {
+        setup::SetupError::Exists(path) => format!(
+            "{} exists already: a certificate for {role} was issued before. Give --force to replace its files (a new key \
+             and certificate), or use the ones there",
+            path.display()
+        )
+        .into(),
+        e => Box::<dyn std::error::Error>::from(e),
+    })?;
+    println!("issued a certificate for {role} into {}", dir.display());
+    if let Some(companion) = companion {
+        println!("wrote {companion}");
     }
     Ok(ExitCode::SUCCESS)
 }

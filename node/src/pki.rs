@@ -263,9 +263,15 @@ impl Role {
     }
 }
 
+/// How a role reads in messages: `node 3`, `operator`, `client billing` (its certificate name is
+/// [`Role::dns_name`]).
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.dns_name())
+        match self {
+            Role::Node(id) => write!(f, "node {id}"),
+            Role::Operator => f.write_str("operator"),
+            Role::Client(name) => write!(f, "client {name}"),
+        }
     }
 }
 

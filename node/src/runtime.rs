@@ -64,7 +64,9 @@ pub enum NodeError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Pki(#[from] pki::PkiError),
-    #[error("the certificate {path} names {found:?}, but this node is node {expected}")]
+    #[error(
+        "the certificate {path} is {found}'s, but this node is node {expected}: give node {expected}'s certificate (keyhome certs issue --node {expected})"
+    )]
     WrongIdentity { path: std::path::PathBuf, found: Role, expected: NodeId },
     #[error("the store {path} belongs to node {found}, but the configuration says node {expected}")]
     StoreIdentity { path: std::path::PathBuf, found: NodeId, expected: NodeId },
@@ -610,7 +612,7 @@ async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming, serves
             crate::api::serve(shared, conn, role).await
         }
         (alpn, role) => {
-            tracing::warn!(%remote, ?role, "refused: a {role:?} certificate on protocol {:?}", alpn.map(String::from_utf8_lossy));
+            tracing::warn!(%remote, %role, "refused: {role}'s certificate on protocol {:?}", alpn.map(String::from_utf8_lossy));
             conn.close(
                 CloseCode::WrongRole.into(),
                 b"this certificate's role may not use this protocol on this port (clients: use the client address)",
@@ -752,7 +754,7 @@ async fn run_link(
 /// Why a link could not be set up.
 #[derive(Debug, thiserror::Error)]
 enum ConnectError {
-    #[error("address {0:?} does not resolve")]
+    #[error("{0}")]
     Resolve(String),
     #[error(transparent)]
     Connect(#[from] quinn::ConnectError),
@@ -767,11 +769,12 @@ async fn connect(
     peer: NodeId,
     addr: &str,
 ) -> Result<(quinn::Connection, quinn::SendStream), ConnectError> {
-    let sock = tokio::net::lookup_host(addr)
-        .await
-        .ok()
-        .and_then(|mut a| a.next())
-        .ok_or_else(|| ConnectError::Resolve(addr.to_string()))?;
+    // Resolved again on every (re)connection: a name may point somewhere new.
+    let resolved = crate::addr::resolve(addr).await.map_err(ConnectError::Resolve)?;
+    let local = shared.endpoint.local_addr().map_err(|e| ConnectError::Resolve(e.to_string()))?;
+    let sock = crate::addr::reachable_from(&resolved, local).ok_or_else(|| {
+        ConnectError::Resolve(format!("{addr:?} resolves to no address this node's {local} socket can reach"))
+    })?;
     let conn =
         shared.endpoint.connect_with(shared.peer_client.clone(), sock, &pki::server_name(peer))?.await?;
     let mut send = conn.open_uni().await?;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use keyhome_epoch::{NodeId, Timing};
 
-use crate::config::{ClientProfile, ConfigError, GenesisFile, LockSettings, NodeConfig, write_toml};
+use crate::config::{ClientProfile, ConfigError, GenesisFile, LockSettings, NodeConfig};
 use crate::pki::{self, CaKeyPair, PkiError, Role};
 
 /// Why a set-up step failed.
@@ -31,16 +31,90 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
     move |source| SetupError::Io { path: path.to_path_buf(), source }
 }
 
-fn write_file(path: &Path, contents: &str, secret: bool) -> Result<(), SetupError> {
+/// Files written together, all or none: [`Files::commit`] writes each to a temporary file beside
+/// its path and only then renames them all into place, so a failure part-way (a full disk, a
+/// file that exists) leaves no file half-written and, before the renames, none written at all.
+#[derive(Default)]
+pub struct Files {
+    /// Path, contents, and whether the file is secret (mode 0600, else 0644).
+    files: Vec<(PathBuf, String, bool)>,
+}
+
+impl Files {
+    pub fn new() -> Files {
+        Files::default()
+    }
+
+    /// Adds a file; a secret one gets mode 0600.
+    pub fn add(&mut self, path: PathBuf, contents: String, secret: bool) {
+        self.files.push((path, contents, secret));
+    }
+
+    /// Adds `value` as a TOML file.
+    pub fn add_toml<T: serde::Serialize>(&mut self, path: PathBuf, value: &T) -> Result<(), SetupError> {
+        let text = toml_text(&path, value)?;
+        self.add(path, text, false);
+        Ok(())
+    }
+
+    /// The paths, in the order they were added.
+    pub fn paths(&self) -> impl Iterator<Item = &Path> {
+        self.files.iter().map(|(p, _, _)| p.as_path())
+    }
+
+    /// Writes every file. Refuses with [`SetupError::Exists`], before writing anything, if one
+    /// exists already and `overwrite` is false.
+    pub fn commit(self, overwrite: bool) -> Result<(), SetupError> {
+        if !overwrite && let Some(path) = self.paths().find(|p| p.exists()) {
+            return Err(SetupError::Exists(path.to_path_buf()));
+        }
+        let mut written: Vec<(PathBuf, &Path)> = Vec::new();
+        let result = (|| {
+            for (path, contents, secret) in &self.files {
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+                }
+                let tmp = temporary(path);
+                write_new(&tmp, contents, *secret)?;
+                written.push((tmp, path));
+            }
+            for (tmp, path) in &written {
+                std::fs::rename(tmp, path).map_err(io_err(path))?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            for (tmp, _) in &written {
+                let _ = std::fs::remove_file(tmp);
+            }
+        }
+        result
+    }
+}
+
+/// The temporary file [`Files::commit`] writes `path`'s contents to first: hidden, beside it.
+fn temporary(path: &Path) -> PathBuf {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!(".{name}.{}.tmp", std::process::id()))
+}
+
+fn write_new(path: &Path, contents: &str, secret: bool) -> Result<(), SetupError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true).mode(if secret { 0o600 } else { 0o644 });
-    let mut file = options.open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => SetupError::Exists(path.to_path_buf()),
-        _ => SetupError::Io { path: path.to_path_buf(), source: e },
-    })?;
-    file.write_all(contents.as_bytes()).map_err(io_err(path))
+    let mut file = options.open(path).map_err(io_err(path))?;
+    file.write_all(contents.as_bytes()).and_then(|()| file.sync_all()).map_err(io_err(path))
+}
+
+fn toml_text<T: serde::Serialize>(path: &Path, value: &T) -> Result<String, SetupError> {
+    toml::to_string(value).map_err(|e| {
+        SetupError::Config(ConfigError::Invalid {
+            path: path.to_path_buf(),
+            message: format!("cannot encode: {e}"),
+        })
+    })
 }
 
 /// The directory an identity's files go to.
@@ -54,18 +128,15 @@ pub fn identity_dir(cluster: &Path, role: &Role) -> PathBuf {
 
 /// Creates a cluster directory: a new CA and the genesis naming `members`.
 pub fn init(cluster: &Path, members: &[(NodeId, String)], timing: Timing) -> Result<(), SetupError> {
-    std::fs::create_dir_all(cluster).map_err(io_err(cluster))?;
     let genesis = GenesisFile::new(members, timing);
     let genesis_path = cluster.join("genesis.toml");
     genesis.record(&genesis_path)?;
-    if genesis_path.exists() {
-        return Err(SetupError::Exists(genesis_path));
-    }
     let ca = pki::generate_ca("keyhome cluster CA")?;
-    write_file(&cluster.join("ca.pem"), &ca.cert_pem(), false)?;
-    write_file(&cluster.join("ca.key"), &ca.key_pem(), true)?;
-    write_toml(&genesis_path, &genesis)?;
-    Ok(())
+    let mut files = Files::new();
+    files.add(cluster.join("ca.pem"), ca.cert_pem(), false);
+    files.add(cluster.join("ca.key"), ca.key_pem(), true);
+    files.add_toml(genesis_path, &genesis)?;
+    files.commit(false)
 }
 
 /// Loads the cluster's CA (certificate and key).
@@ -77,19 +148,35 @@ pub fn load_ca(cluster: &Path) -> Result<CaKeyPair, SetupError> {
     Ok(CaKeyPair::from_pem(&read("ca.pem")?, &read("ca.key")?)?)
 }
 
-/// Issues a certificate for `role` into its identity directory; returns the directory.
-pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, SetupError> {
+/// Adds a new certificate for `role` and its key to `files`, in the role's identity directory;
+/// returns the directory.
+pub fn stage_identity(
+    files: &mut Files,
+    cluster: &Path,
+    ca: &CaKeyPair,
+    role: &Role,
+) -> Result<PathBuf, SetupError> {
     let issued = pki::issue(ca, role)?;
     let dir = identity_dir(cluster, role);
-    std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    write_file(&dir.join("cert.pem"), &issued.cert_pem, false)?;
-    write_file(&dir.join("key.pem"), &issued.key_pem, true)?;
+    files.add(dir.join("cert.pem"), issued.cert_pem, false);
+    files.add(dir.join("key.pem"), issued.key_pem, true);
     Ok(dir)
 }
 
-/// Writes `node.toml` for node `id` listening on `listen`, next to its certificate; with
+/// Issues a certificate for `role` into its identity directory, refusing to overwrite one;
+/// returns the directory.
+pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, SetupError> {
+    let mut files = Files::new();
+    let dir = stage_identity(&mut files, cluster, ca, role)?;
+    files.commit(false)?;
+    Ok(dir)
+}
+
+/// Adds `node.toml` for node `id` listening on `listen`, next to its certificate; with
 /// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]).
-pub fn write_node_config(
+/// Returns its path.
+pub fn stage_node_config(
+    files: &mut Files,
     cluster: &Path,
     id: NodeId,
     listen: SocketAddr,
@@ -110,33 +197,51 @@ pub fn write_node_config(
         locks,
     };
     let path = dir.join("node.toml");
-    write_toml(&path, &config)?;
+    files.add_toml(path.clone(), &config)?;
     Ok(path)
 }
 
-/// Writes `profile.toml` for an operator or client identity, pointing at node `node`.
-pub fn write_profile(
+/// Adds `profile.toml` for an operator or client identity, pointing at node `node` at `addr`
+/// (`HOST:PORT`, a name or an IP address). Returns its path.
+pub fn stage_profile(
+    files: &mut Files,
     cluster: &Path,
     role: &Role,
     node: NodeId,
-    addr: SocketAddr,
+    addr: &str,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, role);
     let profile = ClientProfile {
         node: node.0,
-        addr,
+        addr: addr.to_string(),
         ca: "../ca.pem".into(),
         cert: "cert.pem".into(),
         key: "key.pem".into(),
     };
     let path = dir.join("profile.toml");
-    write_toml(&path, &profile)?;
+    files.add_toml(path.clone(), &profile)?;
     Ok(path)
+}
+
+/// The address the genesis of `cluster` gives node `id`.
+pub fn genesis_addr(cluster: &Path, id: NodeId) -> Result<String, SetupError> {
+    let path = cluster.join("genesis.toml");
+    let genesis = GenesisFile::load(&path)?;
+    genesis.members.iter().find(|m| m.id == id.0).map(|m| m.addr.clone()).ok_or_else(|| {
+        let ids: Vec<String> = genesis.members.iter().map(|m| m.id.to_string()).collect();
+        SetupError::Config(ConfigError::Invalid {
+            path,
+            message: format!(
+                "names no node {id} (its members are {}): give the node's address with --addr HOST:PORT",
+                ids.join(", ")
+            ),
+        })
+    })
 }
 
 /// Lays out a complete local cluster of `nodes` nodes on 127.0.0.1 from `base_port`: CA, genesis,
 /// node certificates and configurations, an operator and a client (`app`) identity with profiles
-/// pointing at node 1. Returns the node configuration paths.
+/// pointing at node 1. Returns the node configuration paths. The ports must fit below 65536.
 pub fn dev_cluster(
     cluster: &Path,
     nodes: u64,
@@ -145,33 +250,36 @@ pub fn dev_cluster(
     locks: &LockSettings,
 ) -> Result<Vec<PathBuf>, SetupError> {
     let addr = |i: u64| SocketAddr::from(([127, 0, 0, 1], base_port.saturating_add((i - 1) as u16)));
-    local_cluster(cluster, nodes, addr, addr, timing, locks)
+    local_cluster(cluster, nodes, addr, |i| addr(i).to_string(), false, timing, locks)
 }
 
 /// Like [`dev_cluster`], with node `i` listening on `listen(i)` while the genesis tells its peers
-/// to reach it at `advertised(i)` (a relay in front of it, say). Clients' profiles point at node
-/// 1's `listen` address.
+/// to reach it at `advertised(i)` (a name for the same socket, or with `relayed`, a relay in
+/// front of it). Clients' profiles point at node 1's advertised address, or with `relayed`, at its
+/// `listen` address.
 pub fn local_cluster(
     cluster: &Path,
     nodes: u64,
     listen: impl Fn(u64) -> SocketAddr,
-    advertised: impl Fn(u64) -> SocketAddr,
+    advertised: impl Fn(u64) -> String,
+    relayed: bool,
     timing: Timing,
     locks: &LockSettings,
 ) -> Result<Vec<PathBuf>, SetupError> {
-    let members: Vec<(NodeId, String)> =
-        (1..=nodes).map(|i| (NodeId(i), advertised(i).to_string())).collect();
+    let members: Vec<(NodeId, String)> = (1..=nodes).map(|i| (NodeId(i), advertised(i))).collect();
     init(cluster, &members, timing)?;
     let ca = load_ca(cluster)?;
+    let mut files = Files::new();
     let mut configs = Vec::new();
     for i in 1..=nodes {
-        issue(cluster, &ca, &Role::Node(NodeId(i)))?;
-        let relayed = listen(i) != advertised(i);
-        configs.push(write_node_config(cluster, NodeId(i), listen(i), relayed, locks.clone())?);
+        stage_identity(&mut files, cluster, &ca, &Role::Node(NodeId(i)))?;
+        configs.push(stage_node_config(&mut files, cluster, NodeId(i), listen(i), relayed, locks.clone())?);
     }
+    let client_addr = if relayed { listen(1).to_string() } else { advertised(1) };
     for role in [Role::Operator, Role::Client("app".into())] {
-        issue(cluster, &ca, &role)?;
-        write_profile(cluster, &role, NodeId(1), listen(1))?;
+        stage_identity(&mut files, cluster, &ca, &role)?;
+        stage_profile(&mut files, cluster, &role, NodeId(1), &client_addr)?;
     }
+    files.commit(false)?;
     Ok(configs)
 }

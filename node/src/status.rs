@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::duration::Human;
+
 /// Cluster messages in and out of this node, for `keyhome status` and the tests that assert a
 /// cached re-lock sends nothing.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,9 +39,12 @@ pub struct Status {
     pub incarnation: u64,
     pub epoch: u64,
     pub members: Vec<MemberStatus>,
-    /// Time left on this node's home lease for the current epoch; `None` without one.
+    /// Time left on this node's home lease for the current epoch; `None` without one. (JSON:
+    /// `home_lease_left_ms`, whole milliseconds, like every duration here.)
+    #[serde(rename = "home_lease_left_ms", with = "crate::duration::as_millis_opt")]
     pub home_lease_left: Option<Duration>,
     /// Restart quarantine left: the node grants no delegation before it ends.
+    #[serde(rename = "quarantine_left_ms", with = "crate::duration::as_millis")]
     pub quarantine_left: Duration,
     /// Keys this node holds a delegation of, or tracks for local lockers.
     pub holder_keys: usize,
@@ -74,11 +79,11 @@ impl std::fmt::Display for Status {
             writeln!(f, "  {:>6}  {:<24} {state}", m.id, m.addr)?;
         }
         match self.home_lease_left {
-            Some(left) => writeln!(f, "home lease: {} ms left", left.as_millis())?,
+            Some(left) => writeln!(f, "home lease: {} left", Human(left))?,
             None => writeln!(f, "home lease: none (this node grants no delegation)")?,
         }
         if !self.quarantine_left.is_zero() {
-            writeln!(f, "restart quarantine: {} ms left", self.quarantine_left.as_millis())?;
+            writeln!(f, "restart quarantine: {} left", Human(self.quarantine_left))?;
         }
         writeln!(
             f,

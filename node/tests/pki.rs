@@ -47,7 +47,9 @@ fn issued_roles_round_trip() -> TestResult {
 #[test]
 fn server_name_is_the_node_san() {
     assert_eq!(pki::server_name(NodeId(42)), "node-42.keyhome");
-    assert_eq!(Role::Node(NodeId(42)).to_string(), "node-42.keyhome");
+    assert_eq!(Role::Node(NodeId(42)).dns_name(), "node-42.keyhome");
+    assert_eq!(Role::Node(NodeId(42)).to_string(), "node 42", "how a role reads in messages");
+    assert_eq!(Role::Client("web".into()).to_string(), "client web");
     assert_eq!(Role::Operator.dns_name(), "operator.keyhome");
     assert_eq!(Role::Client("web".into()).dns_name(), "client-web.keyhome");
 }

@@ -44,13 +44,14 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::ring::{KeyDigest, Ring};
 
-/// A node's identity in the cluster (the id in its certificate).
+/// A node's identity in the cluster (the id in its certificate). Displayed as the bare number,
+/// as the CLI takes it (`--remove 3`); messages say "node 3".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct NodeId(pub u64);
 
 impl std::fmt::Display for NodeId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "n{}", self.0)
+        write!(f, "{}", self.0)
     }
 }
 

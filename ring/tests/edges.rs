@@ -95,10 +95,10 @@ fn construction_sorts_and_deduplicates() {
 }
 
 #[test]
-fn node_id_displays_with_n_prefix() {
-    assert_eq!(NodeId(0).to_string(), "n0");
-    assert_eq!(NodeId(42).to_string(), "n42");
-    assert_eq!(NodeId(u64::MAX).to_string(), "n18446744073709551615");
+fn node_id_displays_as_the_number_the_cli_takes() {
+    assert_eq!(NodeId(0).to_string(), "0");
+    assert_eq!(NodeId(42).to_string(), "42");
+    assert_eq!(NodeId(u64::MAX).to_string(), "18446744073709551615");
 }
 
 #[test]

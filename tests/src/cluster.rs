@@ -68,6 +68,9 @@ pub struct Cluster {
     base_port: u16,
     /// Whether the genesis names relay addresses ([`Cluster::relay_addr`]) rather than the nodes'.
     relayed: bool,
+    /// Whether the genesis and the profiles name the nodes `localhost:PORT` rather than
+    /// `127.0.0.1:PORT` ([`Cluster::layout_named`]).
+    named: bool,
     /// The `keyhome` binary the nodes run, and environment variables set for them.
     binary: PathBuf,
     env: Vec<(String, String)>,
@@ -81,32 +84,51 @@ impl Cluster {
     /// Lays out a cluster (CA, genesis, node certificates and `node.toml`s, an operator and an
     /// `app` client identity) without starting anything.
     pub fn layout(options: Options) -> Cluster {
-        Cluster::lay_out(options, false)
+        Cluster::lay_out(options, false, false)
+    }
+
+    /// Lays out a cluster whose genesis and profiles give every node by a DNS name,
+    /// `localhost:PORT` ([`Cluster::member_addr`]), resolved when dialled.
+    pub fn layout_named(options: Options) -> Cluster {
+        Cluster::lay_out(options, false, true)
     }
 
     /// Lays out a cluster whose genesis tells peers to reach node `i` at [`Cluster::relay_addr`]
     /// (`i`) instead of [`Cluster::addr`]`(i)`, where the caller runs a relay; clients still reach
     /// the nodes directly.
     pub fn layout_relayed(options: Options) -> Cluster {
-        Cluster::lay_out(options, true)
+        Cluster::lay_out(options, true, false)
     }
 
-    fn lay_out(options: Options, relayed: bool) -> Cluster {
+    fn lay_out(options: Options, relayed: bool, named: bool) -> Cluster {
         let tmp = tempfile::Builder::new().prefix("keyhome-cluster-").tempdir().expect("temp dir");
         let dir = tmp.path().join("cluster");
         let n = options.nodes as u16;
         let base_port = free_port_block(if relayed { 2 * n } else { n });
         let port = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
         let listen = |i: u64| port(base_port + (i - 1) as u16);
-        let advertised = |i: u64| if relayed { port(base_port + n + (i - 1) as u16) } else { listen(i) };
-        setup::local_cluster(&dir, options.nodes, listen, advertised, options.timing, &options.locks)
-            .expect("lay the cluster out");
+        let advertised = |i: u64| match (relayed, named) {
+            (true, _) => port(base_port + n + (i - 1) as u16).to_string(),
+            (false, true) => format!("localhost:{}", listen(i).port()),
+            (false, false) => listen(i).to_string(),
+        };
+        setup::local_cluster(
+            &dir,
+            options.nodes,
+            listen,
+            advertised,
+            relayed,
+            options.timing,
+            &options.locks,
+        )
+        .expect("lay the cluster out");
         Cluster {
             options,
             tmp,
             dir,
             base_port,
             relayed,
+            named,
             binary: keyhome_binary(),
             env: Vec::new(),
             children: (0..n).map(|_| None).collect(),
@@ -137,6 +159,12 @@ impl Cluster {
     /// The address node `id` listens on.
     pub fn addr(&self, id: u64) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.base_port + (id - 1) as u16))
+    }
+
+    /// The address clients reach node `id` at, as its profiles give it: `localhost:PORT` in a
+    /// [`Cluster::layout_named`] cluster, else [`Cluster::addr`].
+    pub fn member_addr(&self, id: u64) -> String {
+        if self.named { format!("localhost:{}", self.addr(id).port()) } else { self.addr(id).to_string() }
     }
 
     /// The address the genesis gives node `id`: where its peers reach it.
@@ -256,7 +284,7 @@ impl Cluster {
         let dir = setup::identity_dir(&self.dir, role);
         ClientProfile {
             node: id,
-            addr: self.addr(id),
+            addr: self.member_addr(id),
             ca: self.dir.join("ca.pem"),
             cert: dir.join("cert.pem"),
             key: dir.join("key.pem"),
@@ -269,7 +297,7 @@ impl Cluster {
         let dir = setup::identity_dir(&self.dir, role);
         let profile = ClientProfile {
             node: id,
-            addr: self.addr(id),
+            addr: self.member_addr(id),
             ca: "../ca.pem".into(),
             cert: "cert.pem".into(),
             key: "key.pem".into(),
@@ -571,7 +599,7 @@ fn locate_or_build(bugs: bool) -> PathBuf {
 
 /// `n` consecutive free UDP ports on 127.0.0.1, outside the ephemeral range, never handed out
 /// twice by this process.
-fn free_port_block(n: u16) -> u16 {
+pub fn free_port_block(n: u16) -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let (lo, hi) = port_region();
     let span = u32::from(hi - lo);

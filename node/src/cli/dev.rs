@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use clap::Args;
 use keyhome::client::Client;
-use keyhome::config::{ClientProfile, LockSettings};
+use keyhome::config::{ClientProfile, LockSettings, NodeConfig};
+use keyhome::duration::Human;
 use keyhome::pki::Role;
 use keyhome::setup;
 use keyhome_epoch::NodeId;
@@ -34,7 +35,7 @@ pub struct DevArgs {
     #[arg(long, default_value_t = 7101)]
     port: u16,
     /// How long after a node exits it is started again.
-    #[arg(long, default_value = "5s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "5s", value_parser = keyhome::duration::parse)]
     restart_after: Duration,
     /// Leave a node that exits down (to try `keyhome epoch propose --remove`, say).
     #[arg(long)]
@@ -44,6 +45,17 @@ pub struct DevArgs {
 }
 
 pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    let last_port = u64::from(args.port) + args.nodes - 1;
+    if args.port == 0 || last_port > u64::from(u16::MAX) {
+        return Err(format!(
+            "--port {} with {} nodes needs UDP ports {}..{last_port}, past 65535: give a --port from 1 to {}",
+            args.port,
+            args.nodes,
+            args.port,
+            u64::from(u16::MAX) + 1 - args.nodes
+        )
+        .into());
+    }
     let fresh = !args.dir.join("genesis.toml").exists();
     let configs: Vec<PathBuf> = if fresh {
         setup::dev_cluster(&args.dir, args.nodes, args.port, args.timing.timing(), &LockSettings::default())?
@@ -52,8 +64,11 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
             .map(|i| setup::identity_dir(&args.dir, &Role::Node(NodeId(i))).join("node.toml"))
             .collect()
     };
+    check_ports_free(&configs, fresh)?;
     let mut nodes = Nodes::start(configs)?;
-    let dir = args.dir.display();
+    // Absolute, so that the hints below work from any directory.
+    let dir = std::path::absolute(&args.dir)?;
+    let dir = dir.display();
     let restart = (!args.no_restart).then_some(args.restart_after);
     let count = nodes.len();
     let ready = tokio::select! {
@@ -71,14 +86,14 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
         u64::from(args.port) + count - 1,
         if fresh { "new cluster" } else { "existing cluster" },
     );
-    println!("try, in another shell in this directory:");
+    println!("try, in another shell (from any directory):");
+    println!("  export KEYHOME_PROFILE={dir}/client-app/profile.toml");
+    println!("  export KEYHOME_OPERATOR_PROFILE={dir}/operator/profile.toml");
     println!("  keyhome status");
     println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
     println!("  keyhome epoch show");
-    println!("  keyhome status --profile {dir}/operator/profile.toml --json");
-    println!(
-        "(profiles: {dir}/client-app/profile.toml and {dir}/operator/profile.toml; Ctrl-C stops the cluster)"
-    );
+    println!("or in one line: KEYHOME_PROFILE={dir}/client-app/profile.toml keyhome status --json");
+    println!("(Ctrl-C stops the cluster)");
     tokio::select! {
         _ = crate::shutdown_signal() => {}
         _ = nodes.supervise(restart) => {}
@@ -97,13 +112,12 @@ struct Nodes {
 }
 
 impl Nodes {
-    /// Starts one `keyhome run` per configuration, each logging to `node.log` beside it.
+    /// Starts one `keyhome run` per configuration, each appending to `node.log` beside it.
     fn start(configs: Vec<PathBuf>) -> std::io::Result<Nodes> {
         let n = configs.len();
         let mut nodes =
             Nodes { exe: std::env::current_exe()?, children: Vec::new(), configs, due: vec![None; n] };
         for i in 0..n {
-            std::fs::File::create(nodes.log(i))?;
             let child = nodes.spawn(i)?;
             nodes.children.push(Some(child));
         }
@@ -116,6 +130,15 @@ impl Nodes {
 
     fn log(&self, i: usize) -> PathBuf {
         self.configs[i].with_file_name("node.log")
+    }
+
+    /// The last line node `i + 1` wrote to its log (why it stopped, usually), as `: LINE`.
+    fn last_words(&self, i: usize) -> String {
+        let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+        match text.lines().rev().find(|l| !l.trim().is_empty()) {
+            Some(line) => format!(": {}", line.trim()),
+            None => String::new(),
+        }
     }
 
     /// Starts node `i + 1`, appending to its log.
@@ -149,10 +172,19 @@ impl Nodes {
             for (i, status) in self.reap() {
                 match restart {
                     Some(after) => {
-                        eprintln!("node {} exited ({status}); starting it again in {after:?}", i + 1);
+                        eprintln!(
+                            "node {} exited ({status}){}; starting it again in {}",
+                            i + 1,
+                            self.last_words(i),
+                            Human(after)
+                        );
                         self.due[i] = Some(Instant::now() + after);
                     }
-                    None => eprintln!("node {} exited ({status}); leaving it down (--no-restart)", i + 1),
+                    None => eprintln!(
+                        "node {} exited ({status}){}; leaving it down (--no-restart)",
+                        i + 1,
+                        self.last_words(i)
+                    ),
                 }
             }
             for i in 0..self.due.len() {
@@ -191,6 +223,28 @@ impl Nodes {
     }
 }
 
+/// Refuses to start when a node's UDP port is taken (another `keyhome dev` or `keyhome run`,
+/// say), naming the port, rather than leaving the node to fail into its log.
+fn check_ports_free(configs: &[PathBuf], fresh: bool) -> Result<(), Box<dyn std::error::Error>> {
+    for (i, path) in configs.iter().enumerate() {
+        let listen = NodeConfig::load(path)?.listen;
+        if let Err(e) = std::net::UdpSocket::bind(listen) {
+            let fix = if fresh {
+                "give --port for another range (and a new --dir)"
+            } else {
+                "this cluster directory uses it; delete the directory and give --port for another range"
+            };
+            return Err(format!(
+                "node {}'s UDP port {listen} is in use ({e}): is another keyhome dev or keyhome run \
+                 running? Stop it, or {fix}",
+                i + 1
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
 /// through the last node, which receives the note; waits up to [`READY_WITHIN`] for the cluster
 /// to form.
@@ -200,9 +254,7 @@ async fn demo_lock(dir: &Path, nodes: u64) -> Result<(), Box<dyn std::error::Err
     let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
     let ca = keyhome::pki::load_ca(&profile.ca)?;
     let last = NodeId(nodes);
-    let last_addr =
-        keyhome::config::NodeConfig::load(&setup::identity_dir(dir, &Role::Node(last)).join("node.toml"))?
-            .listen;
+    let last_addr = NodeConfig::load(&setup::identity_dir(dir, &Role::Node(last)).join("node.toml"))?.listen;
     let deadline = Instant::now() + READY_WITHIN;
     let (ttl, wait) = (Duration::from_secs(5), Duration::from_secs(2));
     loop {
@@ -230,7 +282,9 @@ async fn demo_lock(dir: &Path, nodes: u64) -> Result<(), Box<dyn std::error::Err
                 tracing::debug!("cluster not ready yet: {e}");
                 tokio::time::sleep(POLL).await;
             }
-            Err(e) => return Err(format!("the cluster did not lock within {READY_WITHIN:?}: {e}").into()),
+            Err(e) => {
+                return Err(format!("the cluster did not lock within {}: {e}", Human(READY_WITHIN)).into());
+            }
         }
     }
 }

@@ -37,6 +37,7 @@ use std::time::Duration;
 use clap::Args;
 use keyhome::client::{Client, ClientError, ClientLock};
 use keyhome::clock::{BootClock, MAX_SLEEP};
+use keyhome::duration::Human;
 use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
 use keyhome_delegation::Limits;
 use keyhome_epoch::Instant;
@@ -65,19 +66,30 @@ const MIN_RETRY: Duration = Duration::from_millis(20);
 pub struct LockArgs {
     #[command(flatten)]
     pub profile: crate::ProfileArg,
-    /// The key to lock.
-    pub key: String,
+    /// The key to lock (a key that starts with `-`: give it with --key).
+    #[arg(value_parser = crate::parse_key, required_unless_present = "key_option")]
+    pub key: Option<String>,
+    /// The key to lock, for a key that starts with `-` (`--key -k`, `--key=-k`).
+    #[arg(
+        long = "key",
+        id = "key_option",
+        value_name = "KEY",
+        value_parser = crate::parse_key,
+        allow_hyphen_values = true,
+        conflicts_with = "key"
+    )]
+    pub key_option: Option<String>,
     /// How long the lock lasts without renewal (the node may grant less: at most what is left of
     /// its delegation). Renewed while CMD runs.
-    #[arg(long, default_value = "10s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = keyhome::duration::parse)]
     pub ttl: Duration,
     /// How long to wait for the lock; exit 124 if it was not taken by then.
-    #[arg(long, default_value = "30s", value_parser = crate::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = keyhome::duration::parse)]
     pub wait: Duration,
     /// How long CMD has between SIGTERM and SIGKILL [default: 1s, or a quarter of the time the
     /// lock is first granted for, if shorter]. Must leave room before the lock's deadline: keep
     /// it under half the delegation lease.
-    #[arg(long, value_parser = crate::parse_duration)]
+    #[arg(long, value_parser = keyhome::duration::parse)]
     pub kill_after: Option<Duration>,
     /// A handoff note for the key's next holder.
     #[arg(long, conflicts_with = "note_file")]
@@ -104,6 +116,8 @@ pub async fn run(args: LockArgs) -> ExitCode {
 
 /// Shortest time kept between SIGKILL and the deadline.
 const MIN_MARGIN: Duration = Duration::from_millis(50);
+/// Shortest `--ttl`: room for the margin, a SIGTERM-to-SIGKILL pause and renewals between them.
+pub const MIN_TTL: Duration = Duration::from_millis(200);
 /// Longest default `--kill-after`.
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(1);
 
@@ -125,19 +139,41 @@ fn term_at(deadline: Instant, kill_after: Duration, margin: Duration) -> Instant
     deadline - kill_after - margin
 }
 
+impl LockArgs {
+    /// The key, given as the first argument or with `--key`.
+    fn key(&self) -> &str {
+        self.key.as_deref().or(self.key_option.as_deref()).unwrap_or_default()
+    }
+}
+
 async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
+    if args.ttl < MIN_TTL {
+        return Err(format!(
+            "--ttl {} is too short: keyhome lock renews the lock while CMD runs and stops CMD before it \
+             ends, which needs a --ttl of at least {} (the default is 10s)",
+            Human(args.ttl),
+            Human(MIN_TTL)
+        )
+        .into());
+    }
     if let Some(kill_after) = args.kill_after
         && kill_after + MIN_MARGIN >= args.ttl
     {
-        return Err(format!("--kill-after {kill_after:?} leaves no time within --ttl {:?}", args.ttl).into());
+        return Err(format!(
+            "--kill-after {} leaves no time within --ttl {}: give a longer --ttl or a shorter --kill-after",
+            Human(kill_after),
+            Human(args.ttl)
+        )
+        .into());
     }
+    let key = args.key();
     let (program, rest) = args.command.split_first().ok_or("no command given")?;
     let client = crate::connect(&args.profile.profile).await?;
     let clock = client.clock();
-    let mut held = match client.lock(args.key.as_bytes(), args.ttl, args.wait).await {
+    let mut held = match client.lock(key.as_bytes(), args.ttl, args.wait).await {
         Ok(held) => held,
         Err(e) if e.kind() == Some(ErrorKind::Timeout) || matches!(e, ClientError::TimedOut { .. }) => {
-            eprintln!("keyhome lock: {:?} was not locked within {:?}: {e}", args.key, args.wait);
+            eprintln!("keyhome lock: {key:?} was not locked within {}: {e}", Human(args.wait));
             return Ok(ExitCode::from(EXIT_NOT_LOCKED));
         }
         Err(e) => return Err(e.into()),
@@ -151,9 +187,11 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             let valid_for = held.valid_for();
             let _ = held.unlock(None).await;
             return Err(format!(
-                "the lock is valid for only {valid_for:?}: no room for --kill-after {:?} plus a {:?} \
-                 margin; use a shorter --kill-after (under half the delegation lease)",
-                plan.kill_after, plan.margin
+                "the lock is valid for only {}: no room for --kill-after {} plus a {} margin; use a \
+                 shorter --kill-after (under half the delegation lease)",
+                Human(valid_for),
+                Human(plan.kill_after),
+                Human(plan.margin)
             )
             .into());
         }
@@ -163,7 +201,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut command = std::process::Command::new(program);
     command
         .args(rest)
-        .env("KEYHOME_KEY", &args.key)
+        .env("KEYHOME_KEY", key)
         .env("KEYHOME_TOKEN", held.token().to_string())
         .env("KEYHOME_RECOVERED", if held.recovered() { "1" } else { "0" });
     match held.note().map(std::str::from_utf8) {
@@ -190,7 +228,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let status = group.status.map_or(ExitCode::FAILURE, exit_code);
     match outcome {
         Outcome { held, cut_short: Some(why) } => {
-            eprintln!("keyhome lock: the lock on {:?} was ending ({why}): CMD was stopped", args.key);
+            eprintln!("keyhome lock: the lock on {key:?} was ending ({why}): CMD was stopped");
             if let Some(held) = held {
                 let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.unlock(None)).await;
             }
@@ -203,7 +241,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 None => Err("the lock was lost".into()),
             };
             if let Err(e) = unlocked {
-                eprintln!("keyhome lock: unlocking {:?} failed: {e}", args.key);
+                eprintln!("keyhome lock: unlocking {key:?} failed: {e}");
             }
             Ok(status)
         }
@@ -367,8 +405,8 @@ async fn supervise(
                 Some(why.clone())
             } else if now >= term_due {
                 Some(format!(
-                    "not renewed in time: SIGTERM is due {:?} before its deadline",
-                    plan.kill_after + plan.margin
+                    "not renewed in time: SIGTERM is due {} before its deadline",
+                    Human(plan.kill_after + plan.margin)
                 ))
             } else if group.status.is_some() {
                 // CMD exited and left children in its group: they go too.
