@@ -167,8 +167,9 @@ pub struct Core {
     pending_per_conn: HashMap<u64, usize>,
     /// Live client handles by serial number (the number clients name them by), with their owners.
     owners: HashMap<u64, (HandleId, ClientOwner)>,
-    /// Pending token checks: ids by deadline, and the live ids.
-    checks: HashSet<u64>,
+    /// Pending token checks: ids by deadline, and the key of each live id (an answer counts only
+    /// for the key it was asked about).
+    checks: HashMap<u64, Vec<u8>>,
     check_deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     next_check: u64,
     /// An operator change is in progress on this node.
@@ -202,7 +203,7 @@ impl Core {
             waiters: HashMap::new(),
             pending_per_conn: HashMap::new(),
             owners: HashMap::new(),
-            checks: HashSet::new(),
+            checks: HashMap::new(),
             check_deadlines: BinaryHeap::new(),
             next_check: 0,
             proposing: false,
@@ -405,7 +406,7 @@ impl Core {
         }
         self.next_check += 1;
         let id = self.next_check;
-        self.checks.insert(id);
+        self.checks.insert(id, key.clone());
         self.check_deadlines.push(Reverse((now + timeout, id)));
         let message = DMessage { epoch: self.epoch.current().number, body: DBody::Check { key, id, token } };
         self.route(home, message);
@@ -570,8 +571,9 @@ impl Core {
             DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
-            DBody::CheckReply { id, answer, .. } => {
-                if self.checks.remove(&id) {
+            DBody::CheckReply { key, id, answer } => {
+                if self.checks.get(&id).is_some_and(|asked| *asked == key) {
+                    self.checks.remove(&id);
                     self.out.push_back(Output::CheckDone { id, answer: Some(answer) });
                 }
             }
@@ -623,7 +625,7 @@ impl Core {
                 && at <= now
             {
                 self.check_deadlines.pop();
-                if self.checks.remove(&id) {
+                if self.checks.remove(&id).is_some() {
                     self.out.push_back(Output::CheckDone { id, answer: None });
                 }
             }

@@ -1,0 +1,44 @@
+//! The node core takes a token check's answer only for the key it asked about.
+
+use std::time::Duration;
+
+use keyhome::core::{Core, Output, PeerMessage};
+use keyhome_delegation::{Body, CheckAnswer, FencingToken, HolderConfig, HomeConfig, Message};
+use keyhome_epoch::{Config, Durable, EpochNode, EpochRecord, Instant, Member, NodeId, Timing};
+
+fn core() -> Core {
+    let members =
+        (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
+    let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
+    let epoch = EpochNode::start(Config::new(NodeId(1), 1), Durable::genesis(genesis), Instant::ZERO);
+    Core::new(epoch, HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)), Instant::ZERO)
+}
+
+fn reply(key: &[u8], id: u64) -> PeerMessage {
+    let body = Body::CheckReply { key: key.to_vec(), id, answer: Ok(CheckAnswer::NotHeld) };
+    PeerMessage::Delegation(Message { epoch: 1, body })
+}
+
+fn done(core: &mut Core) -> Vec<Output> {
+    std::iter::from_fn(|| core.poll_output()).filter(|o| matches!(o, Output::CheckDone { .. })).collect()
+}
+
+#[test]
+fn a_check_answer_counts_only_for_the_key_asked_about() {
+    let mut c = core();
+    let now = Instant::from_nanos(1_000_000);
+    let token: FencingToken = "1.1.1.0".parse().expect("a token");
+    // A key homed elsewhere, so the answer must come from a peer.
+    let key =
+        (0..).map(|i| format!("orders-{i}").into_bytes()).find(|k| c.epoch().home_of(k) != Some(NodeId(1)));
+    let key = key.expect("some key is homed on another node");
+    let home = c.epoch().home_of(&key).expect("a home");
+    let id = c.check(now, key.clone(), token, Duration::from_secs(5)).expect("a home is known");
+    assert_eq!(done(&mut c), vec![]);
+    c.handle_message(now, home, reply(b"other", id));
+    assert_eq!(done(&mut c), vec![], "an answer about another key is ignored");
+    c.handle_message(now, home, reply(&key, id));
+    assert_eq!(done(&mut c), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);
+    c.handle_message(now, home, reply(&key, id));
+    assert_eq!(done(&mut c), vec![], "answered once");
+}
