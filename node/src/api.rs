@@ -86,6 +86,11 @@ impl Sessions {
         ClientOwner { conn, identity }
     }
 
+    /// Open client connections.
+    pub fn count(&self) -> usize {
+        lock(&self.state).conns.len()
+    }
+
     fn close(&self, conn: u64) {
         lock(&self.state).conns.remove(&conn);
     }

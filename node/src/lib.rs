@@ -8,6 +8,7 @@
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 
+pub mod activity;
 pub mod api;
 #[cfg(feature = "bug-injection")]
 pub mod bugs;
@@ -16,6 +17,9 @@ pub mod clock;
 pub mod config;
 pub mod core;
 pub mod embedded;
+pub mod hotkeys;
+pub mod metrics;
+pub mod page;
 pub mod peers;
 pub mod pki;
 pub mod runtime;

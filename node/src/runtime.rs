@@ -33,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -123,13 +123,48 @@ pub(crate) struct Shared {
     pub api: crate::api::Sessions,
     /// Accepted peer connections, to notice two processes claiming one id.
     peer_conns: crate::peers::PeerConnections,
+    /// What the runtime measures itself, for `/metrics` and the status page.
+    pub metrics: crate::metrics::RuntimeMetrics,
     rt: tokio::runtime::Handle,
 }
 
 /// The sending side of one peer link.
 struct Link {
     tx: mpsc::Sender<PeerFrame>,
-    connected: Arc<AtomicBool>,
+    state: Arc<LinkState>,
+}
+
+/// Whether a peer link is up, and since when.
+struct LinkState {
+    /// [`LINK_UNTRIED`], [`LINK_UP`] or [`LINK_DOWN`].
+    state: AtomicU8,
+    /// This node's clock (nanos) at the last change of `state`.
+    since: AtomicU64,
+}
+
+const LINK_UNTRIED: u8 = 0;
+const LINK_UP: u8 = 1;
+const LINK_DOWN: u8 = 2;
+
+impl LinkState {
+    /// Sets the state at `now`; returns whether it changed.
+    fn set(&self, state: u8, now: Instant) -> bool {
+        let changed = self.state.swap(state, Ordering::Relaxed) != state;
+        if changed {
+            self.since.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        changed
+    }
+
+    fn up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == LINK_UP
+    }
+
+    /// How long the link has been down at `now`; `None` while up or not tried yet.
+    fn down_for(&self, now: Instant) -> Option<Duration> {
+        (self.state.load(Ordering::Relaxed) == LINK_DOWN)
+            .then(|| now.saturating_duration_since(Instant::from_nanos(self.since.load(Ordering::Relaxed))))
+    }
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -230,6 +265,7 @@ impl Node {
             failure: Mutex::new(None),
             api: crate::api::Sessions::new(),
             peer_conns: crate::peers::PeerConnections::default(),
+            metrics: crate::metrics::RuntimeMetrics::default(),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -241,6 +277,7 @@ impl Node {
                 .map_err(|e| NodeError::WriteFailed(format!("cannot start the persistence thread: {e}")))?
         };
         tokio::spawn(timer_loop(Arc::clone(&shared)));
+        tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
         let shares_clients = shared.client_endpoint.is_none();
         tokio::spawn(accept_loop(
             Arc::clone(&shared),
@@ -366,6 +403,13 @@ impl Shared {
         result
     }
 
+    /// Runs `f` on the core at the current instant, for reading only (nothing the core could
+    /// produce is carried out, so `f` must not call into it).
+    pub(crate) fn read_core<R>(&self, f: impl FnOnce(&Core, Instant) -> R) -> R {
+        let driven = lock(&self.core);
+        f(&driven.core, self.clock.now())
+    }
+
     /// Carries out one output of the core (under the core's lock).
     fn carry_out(self: &Arc<Self>, d: &mut Driven, now: Instant, output: Output) {
         match output {
@@ -417,9 +461,9 @@ impl Shared {
 
     fn spawn_link(self: &Arc<Self>, peer: NodeId) -> Link {
         let (tx, rx) = mpsc::channel(LINK_QUEUE);
-        let connected = Arc::new(AtomicBool::new(false));
-        self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&connected)));
-        Link { tx, connected }
+        let state = Arc::new(LinkState { state: AtomicU8::new(LINK_UNTRIED), since: AtomicU64::new(0) });
+        self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&state)));
+        Link { tx, state }
     }
 
     /// Whether every link has written everything queued on it.
@@ -429,7 +473,7 @@ impl Shared {
 
     /// Whether this node has an open connection to `peer`.
     pub fn connected(&self, peer: NodeId) -> bool {
-        lock(&self.links).get(&peer).is_some_and(|l| l.connected.load(Ordering::Relaxed))
+        lock(&self.links).get(&peer).is_some_and(|l| l.state.up())
     }
 
     /// Stops every task; `failure` says why, if the node stops by itself.
@@ -444,9 +488,16 @@ impl Shared {
     /// The node's status, for `keyhome status`.
     pub fn status(self: &Arc<Self>) -> crate::status::Status {
         let mut status = self.with_core(|d, now| d.core.status(now));
-        for m in &mut status.members {
-            m.connected |= self.connected(NodeId(m.id));
+        let now = self.clock.now();
+        let links = lock(&self.links);
+        for m in status.members.iter_mut().filter(|m| m.id != self.id.0) {
+            if let Some(link) = links.get(&NodeId(m.id)) {
+                m.connected = link.state.up();
+                m.unreachable_for = link.state.down_for(now);
+            }
         }
+        drop(links);
+        status.mark_stalled();
         status
     }
 
@@ -528,7 +579,10 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         };
-        match store.commit(&job.writes) {
+        let started = shared.clock.now();
+        let committed = store.commit(&job.writes);
+        crate::activity::observe_span(&shared.metrics.fsync, started, shared.clock.now());
+        match committed {
             Ok(()) => shared.with_core(|d, now| d.core.persisted(now, job.number)),
             Err(e) => {
                 shared.with_core(|d, _| d.core.fail());
@@ -684,7 +738,7 @@ async fn run_link(
     shared: Arc<Shared>,
     peer: NodeId,
     mut rx: mpsc::Receiver<PeerFrame>,
-    connected: Arc<AtomicBool>,
+    link: Arc<LinkState>,
 ) {
     let mut stop = shared.shutdown.subscribe();
     let mut backoff = Backoff::new(shared.id.0 ^ peer.0.rotate_left(32));
@@ -706,8 +760,8 @@ async fn run_link(
         match connect(&shared, peer, &addr).await {
             Ok((conn, mut send)) => {
                 backoff.reset();
-                connected.store(true, Ordering::Relaxed);
-                tracing::debug!(%peer, %addr, "link up");
+                link.set(LINK_UP, shared.clock.now());
+                tracing::info!(%peer, %addr, "peer up");
                 loop {
                     tokio::select! {
                         frame = rx.recv() => match frame {
@@ -729,10 +783,16 @@ async fn run_link(
                         _ = stopping(&mut stop) => return,
                     }
                 }
-                connected.store(false, Ordering::Relaxed);
-                tracing::debug!(%peer, "link down");
+                link.set(LINK_DOWN, shared.clock.now());
+                tracing::info!(%peer, %addr, "peer down");
             }
-            Err(e) => tracing::debug!(%peer, %addr, "cannot connect: {e}"),
+            Err(e) => {
+                if link.set(LINK_DOWN, shared.clock.now()) {
+                    tracing::info!(%peer, %addr, error = %e, "peer unreachable");
+                } else {
+                    tracing::debug!(%peer, %addr, "cannot connect: {e}");
+                }
+            }
         }
         // What queued while the link was down is dropped: the cores resend what matters.
         let mut dropped = 0;
