@@ -136,7 +136,7 @@
 //! million and 148.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
 //! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
 //! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
-//! capacities. Waiters (40 bytes each, plus a 40-byte queue), notes and handovers in progress are
+//! capacities. Waiters (40 bytes each, plus a 48-byte queue), notes and handovers in progress are
 //! allocated only while present. Neither the slab nor the index shrinks when keys go.
 
 use std::cmp::Reverse;
@@ -1552,6 +1552,6 @@ mod tests {
         assert_eq!(Home::ENTRY_BYTES, 96);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
         assert_eq!(std::mem::size_of::<Waiter>(), 40);
-        assert_eq!(std::mem::size_of::<Queue>(), 40);
+        assert_eq!(std::mem::size_of::<Queue>(), 48);
     }
 }
