@@ -2,7 +2,8 @@
 //!
 //! - [`runtime`]: the node process ([`Node`]): QUIC links, persistence, timers.
 //! - [`core`]: the three protocol state machines of one node and the glue between them.
-//! - [`api`]: the client API, server side; [`client`]: the Rust client.
+//! - [`api`]: the client API, server side; [`client`]: the Rust client; [`http`]: the same API
+//!   as HTTP/JSON, and health probes.
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
@@ -18,6 +19,7 @@ pub mod config;
 pub mod core;
 pub mod embedded;
 pub mod hotkeys;
+pub mod http;
 pub mod metrics;
 pub mod page;
 pub mod peers;

@@ -74,6 +74,8 @@ pub enum NodeError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("a durable write failed, so the node stopped: {0}")]
     WriteFailed(String),
+    #[error(transparent)]
+    Http(#[from] crate::http::StartError),
     #[cfg(feature = "bug-injection")]
     #[error("{0}")]
     InjectBug(String),
@@ -171,6 +173,8 @@ impl LinkState {
 pub struct Node {
     pub(crate) shared: Arc<Shared>,
     persist_thread: Option<std::thread::JoinHandle<()>>,
+    /// The HTTP API's TCP address, when it has one.
+    http_addr: Option<SocketAddr>,
 }
 
 impl Node {
@@ -242,6 +246,7 @@ impl Node {
             ),
             None => None,
         };
+        let http = crate::http::Listeners::bind(&config).await?;
         let (persist_tx, persist_rx) = std::sync::mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -293,8 +298,13 @@ impl Node {
             }
             d.core.handle_timeout(now)
         });
+        let http_addr = http.and_then(|http| {
+            let addr = http.tcp_addr();
+            http.serve(&shared);
+            addr
+        });
         tracing::info!(node = %id, addr = %shared.config.listen, "node started");
-        Ok(Node { shared, persist_thread: Some(persist_thread) })
+        Ok(Node { shared, persist_thread: Some(persist_thread), http_addr })
     }
 
     /// This node's id.
@@ -305,6 +315,11 @@ impl Node {
     /// The address of the client API (the peer endpoint's, when clients share it).
     pub fn client_addr(&self) -> Option<SocketAddr> {
         self.shared.client_endpoint.as_ref().unwrap_or(&self.shared.endpoint).local_addr().ok()
+    }
+
+    /// The TCP address of the HTTP API, when it serves one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The address the node's QUIC endpoint is bound to.

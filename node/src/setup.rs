@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 use keyhome_epoch::{NodeId, Timing};
 
-use crate::config::{ClientProfile, ConfigError, GenesisFile, LockSettings, NodeConfig, write_toml};
+use crate::config::{
+    ClientProfile, ConfigError, GenesisFile, HttpConfig, LockSettings, NodeConfig, write_toml,
+};
+use crate::http::tokens;
 use crate::pki::{self, CaKeyPair, PkiError, Role};
 
 /// Why a set-up step failed.
@@ -23,6 +26,8 @@ pub enum SetupError {
     Config(#[from] ConfigError),
     #[error("cannot write {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Tokens(#[from] tokens::TokensError),
     #[error("{0} already exists; refusing to overwrite it")]
     Exists(PathBuf),
 }
@@ -77,18 +82,25 @@ pub fn load_ca(cluster: &Path) -> Result<CaKeyPair, SetupError> {
     Ok(CaKeyPair::from_pem(&read("ca.pem")?, &read("ca.key")?)?)
 }
 
-/// Issues a certificate for `role` into its identity directory; returns the directory.
+/// Issues a certificate for `role` into its identity directory; returns the directory. An
+/// operator or client also gets an HTTP API token (`http-token`, its hash in the cluster's
+/// tokens file: see [`crate::http::tokens`]).
 pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, SetupError> {
     let issued = pki::issue(ca, role)?;
     let dir = identity_dir(cluster, role);
     std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     write_file(&dir.join("cert.pem"), &issued.cert_pem, false)?;
     write_file(&dir.join("key.pem"), &issued.key_pem, true)?;
+    if !matches!(role, Role::Node(_)) {
+        let token = tokens::issue(&cluster.join(tokens::TOKENS_FILE), role)?;
+        write_file(&dir.join(tokens::TOKEN_FILE), &format!("{token}\n"), true)?;
+    }
     Ok(dir)
 }
 
 /// Writes `node.toml` for node `id` listening on `listen`, next to its certificate; with
-/// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]).
+/// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]). The HTTP
+/// API is on, on loopback TCP with `listen`'s port number, taking the cluster's tokens.
 pub fn write_node_config(
     cluster: &Path,
     id: NodeId,
@@ -108,10 +120,16 @@ pub fn write_node_config(
         key: "key.pem".into(),
         genesis: "../genesis.toml".into(),
         locks,
+        http: Some(HttpConfig::local(loopback(listen.port()))),
     };
     let path = dir.join("node.toml");
     write_toml(&path, &config)?;
     Ok(path)
+}
+
+/// `port` on 127.0.0.1.
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
 }
 
 /// Writes `profile.toml` for an operator or client identity, pointing at node `node`.

@@ -76,6 +76,9 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
     println!("  keyhome epoch show");
     println!("  keyhome status --profile {dir}/operator/profile.toml --json");
+    if let Some(line) = curl_hint(&args.dir) {
+        println!("{line}");
+    }
     println!(
         "(profiles: {dir}/client-app/profile.toml and {dir}/operator/profile.toml; Ctrl-C stops the cluster)"
     );
@@ -189,6 +192,17 @@ impl Nodes {
             }
         }
     }
+}
+
+/// A curl command line that locks a key through node 1's HTTP API, if it serves one.
+fn curl_hint(dir: &Path) -> Option<String> {
+    let config = setup::identity_dir(dir, &Role::Node(NodeId(1))).join("node.toml");
+    let addr = keyhome::config::NodeConfig::load(&config).ok()?.http?.listen?;
+    let token = setup::identity_dir(dir, &Role::Client("app".into())).join(keyhome::http::tokens::TOKEN_FILE);
+    Some(format!(
+        "  curl -sS -H \"Authorization: Bearer $(cat {})\" -d '{{\"key\":\"my-key\",\"ttl_ms\":10000,\"wait_ms\":5000}}' http://{addr}/v1/lock",
+        token.display()
+    ))
 }
 
 /// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
