@@ -225,6 +225,8 @@ impl Core {
             observe_local: false,
         };
         core.out.push_back(Output::EpochLearned { epoch: core.current().number });
+        let members = core.current().member_ids().map(|m| m.0).collect();
+        core.activity.epochs.learned(EpochChange { epoch: core.current().number, members, at: now });
         core.settle(now);
         core
     }
@@ -644,7 +646,11 @@ impl Core {
             | DBody::Check { .. }
             | DBody::Handover { .. }
             | DBody::HandoverAck { .. } => self.home.handle_message(now, from, message, &self.epoch),
-            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } | DBody::Probe { .. } => {
+            DBody::Recall { ref key, .. } => {
+                self.activity.hot.recalled(key);
+                self.holder.handle_message(now, from, message, &self.epoch)
+            }
+            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
             DBody::CheckReply { id, answer, .. } => {
@@ -797,7 +803,6 @@ impl Core {
                 self.out.push_back(Output::LockDone { ticket, result: Err(error) });
             }
             HolderEvent::Recalled { handle, key, deadline } => {
-                self.activity.hot.recalled(&key);
                 tracing::debug!(key = %key.escape_ascii(), "lock recalled: another node wants the key");
                 if let Some(&(_, owner, _)) = self.owners.get(&handle.serial()) {
                     let notice = Notice::Recalled { deadline };

@@ -2,7 +2,8 @@
 //! and the status page (metrics carry no per-key labels: their cardinality would be unbounded).
 //!
 //! Only contention is counted, on paths that send messages anyway: a lock that had to wait for
-//! the key's home, and a recall of a delegation this node held. A key re-locked under a cached
+//! the key's home, and a Recall this node received for a delegation it holds (resends
+//! included). A key re-locked under a cached
 //! delegation is not hot, however often it is locked. At most [`TRACKED`] keys are remembered,
 //! least recently contended forgotten first, so a key that stays hot stays in view.
 
@@ -18,7 +19,7 @@ pub const TRACKED: usize = 256;
 pub struct Heat {
     /// Locks of the key on this node that had to wait for a message (not admitted at once).
     pub waits: u64,
-    /// Delegations of the key this node held that its home recalled (another node wanted it).
+    /// Recall messages for the key this node received as its holder (another node wanted it).
     pub recalls: u64,
 }
 
@@ -45,7 +46,7 @@ impl HotKeys {
         self.heat(key).waits += 1;
     }
 
-    /// A delegation of `key` held here was recalled.
+    /// A Recall of `key` arrived for this node's delegation.
     pub fn recalled(&mut self, key: &[u8]) {
         self.heat(key).recalls += 1;
     }

@@ -319,7 +319,7 @@ mod tests {
             .collect();
         let page = render(&status(), &samples);
         assert!(page.contains("epoch 7"));
-        assert!(page.contains("unreachable for 42 s"));
+        assert!(page.contains("unreachable for 42.0 s"));
         assert!(page.contains("not a member"));
         assert!(page.contains("keyhome epoch propose --remove 2"));
         assert!(page.contains("&lt;script&gt;") && !page.contains("<script>"), "keys are escaped");

@@ -75,7 +75,7 @@ pub struct HotKey {
     pub key: String,
     /// Locks of the key on this node that had to wait for a message.
     pub waits: u64,
-    /// Delegations of the key held here that its home recalled.
+    /// Recalls of the key this node received as its holder.
     pub recalls: u64,
 }
 
@@ -133,9 +133,14 @@ impl Status {
     }
 }
 
-/// A duration as status text shows it: milliseconds below 10 s, else seconds.
+/// A duration as status text shows it: milliseconds below 1 s, tenths of seconds below 100 s,
+/// else whole seconds.
 pub fn show_duration(d: Duration) -> String {
-    if d < Duration::from_secs(10) { format!("{} ms", d.as_millis()) } else { format!("{} s", d.as_secs()) }
+    match d.as_secs() {
+        0 => format!("{} ms", d.as_millis()),
+        1..100 => format!("{:.1} s", d.as_secs_f64()),
+        s => format!("{s} s"),
+    }
 }
 
 impl std::fmt::Display for Status {
