@@ -8,6 +8,8 @@
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
+//! - Observability: [`activity`] and [`hotkeys`] (what the core records), [`metrics`]
+//!   (Prometheus `/metrics`), [`page`] (the HTML status page).
 
 pub mod activity;
 pub mod api;
