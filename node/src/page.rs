@@ -266,42 +266,7 @@ fn write_counters(h: &mut String, s: &Status) -> std::fmt::Result {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::{Counters, HotKey, MemberStatus, RecentEpoch, WaitingKey};
     use keyhome_epoch::Instant;
-
-    fn status() -> Status {
-        Status {
-            id: 1,
-            incarnation: 3,
-            epoch: 7,
-            members: vec![
-                MemberStatus { id: 1, addr: "127.0.0.1:7101".into(), connected: true, unreachable_for: None },
-                MemberStatus {
-                    id: 2,
-                    addr: "127.0.0.1:7102".into(),
-                    connected: false,
-                    unreachable_for: Some(Duration::from_secs(42)),
-                },
-            ],
-            home_lease_left: Some(Duration::from_millis(1500)),
-            quarantine_left: Duration::ZERO,
-            holder_keys: 2,
-            homed_delegations: 1,
-            lock_delay_keys: 0,
-            counters: Counters { locks: 10, locks_immediate: 8, ..Counters::default() },
-            member: false,
-            hot_keys: vec![HotKey { key: "<script>".into(), waits: 5, recalls: 2 }],
-            lock_delayed: vec![],
-            waiting: vec![WaitingKey {
-                key: "orders".into(),
-                home: Some(2),
-                locks: 1,
-                waiting_for: Duration::from_secs(3),
-                stalled: true,
-            }],
-            recent_epochs: vec![RecentEpoch { epoch: 7, members: vec![1, 2], ago: Duration::from_secs(5) }],
-        }
-    }
 
     #[test]
     fn the_page_shows_the_state_and_escapes_keys() {
@@ -317,7 +282,7 @@ mod tests {
                 pending_locks: 0,
             })
             .collect();
-        let page = render(&status(), &samples);
+        let page = render(&crate::status::example(), &samples);
         assert!(page.contains("epoch 7"));
         assert!(page.contains("unreachable for 42.0 s"));
         assert!(page.contains("not a member"));

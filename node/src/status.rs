@@ -236,3 +236,55 @@ impl Status {
         Ok(())
     }
 }
+
+/// A status with an unreachable member, a stalled key and a hot key whose name needs escaping.
+#[cfg(test)]
+pub(crate) fn example() -> Status {
+    Status {
+        id: 1,
+        incarnation: 3,
+        epoch: 7,
+        members: vec![
+            MemberStatus { id: 1, addr: "127.0.0.1:7101".into(), connected: true, unreachable_for: None },
+            MemberStatus {
+                id: 2,
+                addr: "127.0.0.1:7102".into(),
+                connected: false,
+                unreachable_for: Some(Duration::from_secs(42)),
+            },
+        ],
+        home_lease_left: Some(Duration::from_millis(1500)),
+        quarantine_left: Duration::ZERO,
+        holder_keys: 2,
+        homed_delegations: 1,
+        lock_delay_keys: 0,
+        counters: Counters { locks: 10, locks_immediate: 8, ..Counters::default() },
+        member: false,
+        hot_keys: vec![HotKey { key: "<script>".into(), waits: 5, recalls: 2 }],
+        lock_delayed: vec![],
+        waiting: vec![WaitingKey {
+            key: "orders".into(),
+            home: Some(2),
+            locks: 1,
+            waiting_for: Duration::from_secs(3),
+            stalled: true,
+        }],
+        recent_epochs: vec![RecentEpoch { epoch: 7, members: vec![1, 2], ago: Duration::from_secs(5) }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_text_names_the_problems_and_their_fixes() {
+        let text = super::example().to_string();
+        assert!(text.contains("UNREACHABLE for 42.0 s"), "{text}");
+        assert!(text.contains("THIS NODE IS NOT A MEMBER of epoch 7"), "{text}");
+        assert!(
+            text.contains("STALLED") && text.contains("orders  home 2, 1 lock(s) waiting for 3.0 s"),
+            "{text}"
+        );
+        assert!(text.contains("keyhome epoch propose --remove 2"), "{text}");
+        assert!(text.contains("last epoch change: epoch 7 (5.0 s ago), members [1, 2]"), "{text}");
+    }
+}
