@@ -110,7 +110,8 @@ async fn run(params: Params) {
 
     let rtt = quic_rtt(dir.path(), params.rounds).await;
     let relock = client_relock(dir.path(), params.rounds).await;
-    let http = http_relock(dir.path(), nodes[0].http_addr().expect("node 1 serves HTTP"), params.rounds).await;
+    let http =
+        http_relock(dir.path(), nodes[0].http_addr().expect("node 1 serves HTTP"), params.rounds).await;
     let embedded = embedded_relock(&nodes[0], params.rounds * 20).await;
     let first = first_lock_remote(&nodes, params.rounds.min(2000)).await;
     let handoffs = hot_key_handoff(&nodes, params.handoff_for).await;

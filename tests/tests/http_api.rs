@@ -178,7 +178,12 @@ fn raw_exchange(addr: std::net::SocketAddr, bytes: &[u8]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_a_clear_4xx_and_the_node_keeps_serving() {
     let mut cluster = Cluster::layout(Options { nodes: 1, ..Options::default() });
-    cluster.edit_config(1, |c| c.http.as_mut().expect("[http]").request_timeout_ms = 1000);
+    let socket = cluster.node_dir(1).join("http.sock");
+    cluster.edit_config(1, |c| {
+        let http = c.http.as_mut().expect("[http]");
+        http.request_timeout_ms = 1000;
+        http.unix = Some(socket.clone());
+    });
     cluster.start_node(1);
     cluster.wait_ready(&[1], 1).await;
     wait_http_ready(&cluster).await;
@@ -233,6 +238,16 @@ async fn bad_input_gets_a_clear_4xx_and_the_node_keeps_serving() {
 
     let still = post(&app, &lock, &json!({"key": "k2", "ttl_ms": 1000, "wait_ms": 5000}));
     assert_eq!(still.status, 200, "the node keeps serving: {still:?}");
+
+    // The Unix socket: owner-only, and tokens are required on it too.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&socket).expect("socket").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode");
+    let via_socket = socket.to_str().expect("utf-8");
+    let status = curl(Some(&app), "http://node/v1/status", &["--unix-socket", via_socket]);
+    assert!(status.status == 200 && status.body["id"] == json!(1), "{status:?}");
+    let refused = curl(None, "http://node/v1/status", &["--unix-socket", via_socket]);
+    assert_eq!(refused.status, 401, "{refused:?}");
 }
 
 /// Every `.route("PATH", ...)` in a source file of the HTTP API.
