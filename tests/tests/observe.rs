@@ -168,5 +168,14 @@ async fn metrics_parse_and_the_status_page_shows_the_live_cluster() {
     let dead = tmp.join("status-page-member-down.png");
     chromium(tmp, &url, &format!("--screenshot={}", dead.display()));
     println!("status page with node 3 down: {}", dead.display());
-    drop(waiter);
+
+    // ---- the fix the status names: the key moves to a live home and its lock is admitted ----
+    let operator = cluster.profile_file(&Role::Operator, 1);
+    let out =
+        cluster.cli(&["epoch", "propose", "--profile", operator.to_str().expect("utf-8"), "--remove", "3"]);
+    assert!(out.status.success(), "propose: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(waiter.finish().success(), "the stalled lock was admitted once its key moved");
+    let dom = chromium(tmp, &url, "--dump-dom");
+    assert!(dom.contains("epoch 2") && !dom.contains("data-member=\"3\""), "{dom}");
+    assert!(dom.contains("<td>2</td><td>1, 2</td>"), "the epoch change is listed: {dom}");
 }
