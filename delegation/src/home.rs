@@ -136,7 +136,7 @@
 //! million and 156.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
 //! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
 //! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
-//! capacities. Waiters (48 bytes each, plus a 40-byte queue), notes and handovers in progress are
+//! capacities. Waiters (48 bytes each, plus a 48-byte queue), notes and handovers in progress are
 //! allocated only while present. Neither the slab nor the index shrinks when keys go.
 
 use std::cmp::Reverse;
@@ -427,6 +427,8 @@ struct Queue {
     waiters: VecDeque<Waiter>,
     /// Earliest instant the next Recall may be sent.
     recall_next: Instant,
+    /// A Recall of the current delegation went out (for [`HomeCounters::recalls`]).
+    recalled: bool,
 }
 
 /// In `Delay` and `Free`, `last` is the key's last delegation this home knows of, for token checks
@@ -529,7 +531,25 @@ pub struct Home {
     /// popped once and costs at most one early [`Home::service`], which is harmless.
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     counts: Counts,
+    counters: HomeCounters,
     out: VecDeque<(NodeId, Message)>,
+}
+
+/// What a home did since it started, for metrics. Plain counts: no clock, no key names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HomeCounters {
+    /// Delegations granted (renewals included).
+    pub grants: u64,
+    /// Grants to a requester that had queued behind another delegation of the key: the key
+    /// passed from one holder to the next.
+    pub handoffs: u64,
+    /// Delegations recalled (counted once per delegation, however often the Recall is resent).
+    pub recalls: u64,
+    /// Delegations that reached their end at this home without being released (revoked by
+    /// expiry: the holder died, was cut off, or kept a handle past the lease).
+    pub expiries: u64,
+    /// Expiries that put the key into lock-delay.
+    pub lock_delays: u64,
 }
 
 impl Home {
@@ -545,6 +565,7 @@ impl Home {
             moving: HashMap::new(),
             timers: BinaryHeap::new(),
             counts: Counts::default(),
+            counters: HomeCounters::default(),
             out: VecDeque::new(),
         }
     }
@@ -715,6 +736,21 @@ impl Home {
     /// Number of keys in lock-delay.
     pub fn keys_in_lock_delay(&self) -> usize {
         self.counts.delayed
+    }
+
+    /// The keys in lock-delay and when each delay ends (in no particular order). Walks every key
+    /// this home keeps state for, unless none is in lock-delay: for status views, not hot paths.
+    pub fn lock_delayed(&self) -> impl Iterator<Item = (&[u8], Instant)> {
+        let any = self.counts.delayed > 0;
+        self.keys.iter().take_while(move |_| any).filter_map(|slot| match slot.entry.phase {
+            Phase::Delay { until, .. } => Some((&*slot.key, until)),
+            _ => None,
+        })
+    }
+
+    /// What this home did since it started.
+    pub fn counters(&self) -> HomeCounters {
+        self.counters
     }
 
     /// Number of released records kept for the next grant.
@@ -893,7 +929,13 @@ impl Home {
         let waiter = Waiter { from, id, lease, deadline };
         match &mut e.queue {
             Some(q) => q.waiters.push_back(waiter),
-            None => e.queue = Some(Box::new(Queue { waiters: VecDeque::from([waiter]), recall_next: now })),
+            None => {
+                e.queue = Some(Box::new(Queue {
+                    waiters: VecDeque::from([waiter]),
+                    recall_next: now,
+                    recalled: false,
+                }))
+            }
         }
         Ok(())
     }
@@ -1148,6 +1190,7 @@ impl Home {
             _ => (None, true),
         };
         self.counter += 1;
+        self.counters.grants += 1;
         let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
         let lease = granted_lease(lease, auth);
         let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
@@ -1155,6 +1198,7 @@ impl Home {
         if let Some(q) = e.queue.as_mut() {
             // Others still wait: the new holder hears so at once.
             q.recall_next = now;
+            q.recalled = false;
         }
         if e.role == Role::Stale {
             // Granted behind `home_active`: every other home's delegation has ended.
@@ -1206,6 +1250,9 @@ impl Home {
             && now >= q.recall_next
         {
             q.recall_next = now + retry;
+            if !std::mem::replace(&mut q.recalled, true) {
+                self.counters.recalls += 1;
+            }
             let (holder, grantee) = (live.holder, live.grantee);
             self.send(holder, Body::Recall { key: key.to_vec(), grantee });
         }
@@ -1216,11 +1263,13 @@ impl Home {
 
     /// The delegation `last` of `e` reached its conservative end `end` (at or before `now`).
     fn expire(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, end: Instant, last: Grantee) {
+        self.counters.expiries += 1;
         let lock_delay = self.config.lock_delay;
         if lock_delay.is_zero() || matches!(e.role, Role::Tracking) {
             self.set_free(now, e, None, true, last);
             return;
         }
+        self.counters.lock_delays += 1;
         let until = end + lock_delay;
         e.phase = Phase::Delay { until, last };
         if until > now {
@@ -1243,6 +1292,7 @@ impl Home {
             } else if self.delegations_of(w.from) >= self.config.limits.max_per_requester {
                 self.refuse(w.from, key.to_vec(), w.id, Refusal::RequesterFull);
             } else {
+                self.counters.handoffs += 1;
                 self.grant(now, key, e, w.from, w.id, w.lease, auth);
                 return;
             }
@@ -1502,6 +1552,6 @@ mod tests {
         assert_eq!(Home::ENTRY_BYTES, 104);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
         assert_eq!(std::mem::size_of::<Waiter>(), 48);
-        assert_eq!(std::mem::size_of::<Queue>(), 40);
+        assert_eq!(std::mem::size_of::<Queue>(), 48);
     }
 }

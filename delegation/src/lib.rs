@@ -27,7 +27,7 @@ pub use holder::{
     DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,
     Ticket,
 };
-pub use home::{Delegation, Home, HomeConfig, KeyStatus};
+pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
 pub use limits::Limits;
 pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 pub use token::{FencingToken, TokenParseError};

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
 use keyhome_delegation::{
-    Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, KeyStatus,
-    Limits, Message, Refusal, RequestId,
+    Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, HomeCounters,
+    KeyStatus, Limits, Message, Refusal, RequestId,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
@@ -721,6 +721,7 @@ fn lock_delay_is_its_own_state_and_is_respected() {
     assert_eq!(drain(&mut home), vec![(C, refused_c)]);
     assert_eq!(home.status(b"k"), KeyStatus::LockDelay { until });
     assert_eq!(home.lock_delay_until(b"k"), Some(until));
+    assert_eq!(home.lock_delayed().collect::<Vec<_>>(), vec![(&b"k"[..], until)]);
     assert_eq!((home.keys_in_lock_delay(), home.delegations()), (1, 0));
     assert_eq!(waiters(&home, b"k"), vec![(B, 1)]);
     // New requests: refused with the time left if their wait cannot cover it, else queued.
@@ -741,6 +742,11 @@ fn lock_delay_is_its_own_state_and_is_respected() {
         ]
     ));
     assert_eq!(home.keys_in_lock_delay(), 0);
+    assert_eq!(home.lock_delayed().count(), 0);
+    // For metrics: A's grant and B's (a handoff: B queued behind A), each recalled once however
+    // often the Recall was resent; A's expiry, which put the key into lock-delay.
+    let counters = HomeCounters { grants: 2, handoffs: 1, recalls: 2, expiries: 1, lock_delays: 1 };
+    assert_eq!(home.counters(), counters);
 }
 
 #[test]

@@ -11,6 +11,8 @@
 //!   one client API call costs at least), against an echo server with the same TLS set-up.
 //! - `client re-lock`: `lock` through the client API of node 1 for a key whose delegation node 1
 //!   already holds (then `unlock`, not timed).
+//! - `http re-lock`: the same through node 1's HTTP API (`POST /v1/lock`, one keep-alive HTTP/1.1
+//!   connection, bearer token; the `unlock` is not timed).
 //! - `embedded re-lock`: `Node::try_lock` + dropping the guard, on node 1, same key: one pair.
 //! - `first lock, remote home`: `Node::lock` on node 1 of a key never locked before whose home
 //!   is node 2 or 3 (request + grant).
@@ -86,7 +88,11 @@ async fn run(params: Params) {
         setup::dev_cluster(dir.path(), NODES, port, timing, &LockSettings::default()).expect("layout");
     let mut nodes = Vec::new();
     for path in &configs {
-        let config = NodeConfig::load(path).expect("config");
+        let mut config = NodeConfig::load(path).expect("config");
+        // Any free TCP port for the HTTP API (the QUIC ports were only checked free for UDP).
+        if let Some(http) = &mut config.http {
+            http.listen = Some("127.0.0.1:0".parse().expect("addr"));
+        }
         nodes.push(Node::start(config).await.expect("node starts"));
     }
     let nodes = Arc::new(nodes);
@@ -104,12 +110,15 @@ async fn run(params: Params) {
 
     let rtt = quic_rtt(dir.path(), params.rounds).await;
     let relock = client_relock(dir.path(), params.rounds).await;
+    let http =
+        http_relock(dir.path(), nodes[0].http_addr().expect("node 1 serves HTTP"), params.rounds).await;
     let embedded = embedded_relock(&nodes[0], params.rounds * 20).await;
     let first = first_lock_remote(&nodes, params.rounds.min(2000)).await;
     let handoffs = hot_key_handoff(&nodes, params.handoff_for).await;
     epoch_changes(&nodes, params.epoch_changes).await;
     println!();
     println!("client re-lock / quic rtt          {:.2}", relock.as_secs_f64() / rtt.as_secs_f64());
+    println!("http re-lock / client re-lock      {:.2}", http.as_secs_f64() / relock.as_secs_f64());
     println!("first lock remote / quic rtt       {:.2}", first.as_secs_f64() / rtt.as_secs_f64());
     println!("embedded re-lock                   {:.0} ns", embedded.as_secs_f64() * 1e9);
     println!("hot-key handoffs                   {handoffs:.0} /s");
@@ -189,6 +198,44 @@ async fn client_relock(cluster: &std::path::Path, rounds: usize) -> Duration {
     let status = client.status().await.expect("status");
     assert!(status.counters.locks_immediate as usize >= rounds, "re-locks were admitted without messages");
     report("client re-lock", &mut samples)
+}
+
+/// `POST /v1/lock` of one key through node 1's HTTP API over one keep-alive connection.
+async fn http_relock(cluster: &std::path::Path, addr: std::net::SocketAddr, rounds: usize) -> Duration {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    let token = std::fs::read_to_string(cluster.join("client-app").join(keyhome::http::tokens::TOKEN_FILE))
+        .expect("http token");
+    let bearer = format!("Bearer {}", token.trim());
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut send, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.expect("handshake");
+    tokio::spawn(conn);
+    let mut call = async |path: &str, body: String| -> serde_json::Value {
+        let request = hyper::Request::post(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .header(hyper::header::AUTHORIZATION, &bearer)
+            .body(Full::new(Bytes::from(body)))
+            .expect("request");
+        let response = send.send_request(request).await.expect("send");
+        assert!(response.status().is_success(), "{path}: {}", response.status());
+        let bytes = response.into_body().collect().await.expect("body").to_bytes();
+        serde_json::from_slice(&bytes).expect("JSON")
+    };
+    let lock = r#"{"key": "bench/http-relock", "ttl_ms": 10000, "wait_ms": 10000}"#;
+    let unlock = |answer: &serde_json::Value| format!(r#"{{"handle": {}}}"#, answer["handle"]);
+    // The first lock brings the delegation to node 1.
+    let first = call("/v1/lock", lock.into()).await;
+    call("/v1/unlock", unlock(&first)).await;
+    let mut samples = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let held = call("/v1/lock", lock.into()).await;
+        samples.push(start.elapsed());
+        call("/v1/unlock", unlock(&held)).await;
+    }
+    report("http re-lock", &mut samples)
 }
 
 async fn embedded_relock(node: &Node, pairs: usize) -> Duration {

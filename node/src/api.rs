@@ -77,7 +77,7 @@ impl Sessions {
     }
 
     /// A new connection of `role`, as the core's owner of the handles it locks.
-    fn open(&self, role: Role) -> ClientOwner {
+    pub(crate) fn open(&self, role: Role) -> ClientOwner {
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
         let mut state = lock(&self.state);
         let fresh = state.identities.len() as u64 + 1;
@@ -86,8 +86,23 @@ impl Sessions {
         ClientOwner { conn, identity }
     }
 
+    /// Open client connections.
+    pub fn count(&self) -> usize {
+        lock(&self.state).conns.len()
+    }
+
     fn close(&self, conn: u64) {
         lock(&self.state).conns.remove(&conn);
+    }
+
+    /// The event stream of connection `conn` from now on. A second subscription of one
+    /// connection replaces the first: its stream ends.
+    pub(crate) fn subscribe(&self, conn: u64) -> mpsc::Receiver<ClientEvent> {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        if let Some(c) = lock(&self.state).conns.get_mut(&conn) {
+            c.events = Some(tx);
+        }
+        rx
     }
 
     /// Sends each notice to the owning connection's event stream, if it has one. A full queue
@@ -171,7 +186,9 @@ async fn serve_stream(
     let _ = send.finish();
 }
 
-async fn answer(
+/// Answers one request of `owner`, a connection of identity `role` (the HTTP API answers
+/// through here too). [`Request::Subscribe`] is refused: it is no single answer.
+pub(crate) async fn answer(
     shared: &Arc<Shared>,
     owner: ClientOwner,
     role: &Role,
@@ -315,11 +332,7 @@ fn claim_error(e: ClaimError) -> ApiError {
 }
 
 async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) {
-    let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-    // A second subscription on one connection replaces the first: its stream ends.
-    if let Some(c) = lock(&shared.api.state).conns.get_mut(&conn) {
-        c.events = Some(tx);
-    }
+    let mut rx = shared.api.subscribe(conn);
     loop {
         tokio::select! {
             event = rx.recv() => match event {

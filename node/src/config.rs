@@ -94,6 +94,49 @@ pub struct NodeConfig {
     /// Local lock settings.
     #[serde(default)]
     pub locks: LockSettings,
+    /// The HTTP/JSON API (docs/api.md, "HTTP API"): off unless this table is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpConfig>,
+}
+
+/// The `[http]` table of `node.toml`: where the HTTP/JSON API listens and whom it lets in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// TCP address to serve on, e.g. `127.0.0.1:7101` (the same number as the QUIC port is fine:
+    /// TCP and UDP ports are apart). Keep it on loopback unless a TLS proxy fronts it: bearer
+    /// tokens travel in clear text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// Unix socket path to serve on as well (created with mode 0600; a stale socket there is
+    /// replaced). Tokens are required on it too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix: Option<PathBuf>,
+    /// The tokens file (`http-tokens.toml` in the cluster directory, kept by `keyhome certs
+    /// issue`): hashes of the bearer tokens and the identity each stands for. Re-read when it
+    /// changes.
+    pub tokens: PathBuf,
+    /// A request's headers and body must arrive within this long, else it is answered 408 (or
+    /// the connection closed) [10 000].
+    #[serde(default = "HttpConfig::default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+impl HttpConfig {
+    fn default_request_timeout_ms() -> u64 {
+        10_000
+    }
+
+    /// The settings `keyhome dev` and the test clusters use: TCP on `listen`, the cluster's
+    /// tokens file (one directory up from `node.toml`), default timeout.
+    pub fn local(listen: SocketAddr) -> HttpConfig {
+        HttpConfig {
+            listen: Some(listen),
+            unix: None,
+            tokens: PathBuf::from("..").join(crate::http::tokens::TOKENS_FILE),
+            request_timeout_ms: HttpConfig::default_request_timeout_ms(),
+        }
+    }
 }
 
 /// Tuning of the delegation layer on one node; all durations in milliseconds, written in the file
@@ -128,6 +171,18 @@ impl NodeConfig {
             [&mut config.data_dir, &mut config.ca, &mut config.cert, &mut config.key, &mut config.genesis]
         {
             *p = resolve(&base, p);
+        }
+        if let Some(http) = &mut config.http {
+            http.tokens = resolve(&base, &http.tokens);
+            if let Some(unix) = &mut http.unix {
+                *unix = resolve(&base, unix);
+            }
+            if http.listen.is_none() && http.unix.is_none() {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: "[http] needs `listen` (a TCP address), `unix` (a socket path) or both".into(),
+                });
+            }
         }
         Ok(config)
     }
@@ -282,6 +337,7 @@ mod tests {
             key: "key.pem".into(),
             genesis: "genesis.toml".into(),
             locks: LockSettings::default(),
+            http: None,
         };
         assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());
         assert!(config("0.0.0.0:7100").check_listen(&epoch).is_ok(), "any address with the port");

@@ -43,7 +43,10 @@ use keyhome_epoch::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::status::{Counters, MemberStatus, Status};
+use crate::activity::{Activity, EpochChange, ago, observe_span};
+use crate::status::{
+    Counters, DelayedKey, HotKey, LISTED, MemberStatus, RecentEpoch, Status, WaitingKey, show_key,
+};
 
 /// Most timer rounds one settle runs. Every core moves its timers past `now` in a round, so a
 /// second round is rare; this only turns a core bug into a logged error instead of a busy loop.
@@ -145,6 +148,14 @@ pub enum ClaimError {
     Forbidden(u64),
 }
 
+/// A pending `lock` call.
+struct Waiting {
+    owner: Owner,
+    key: Box<[u8]>,
+    /// When the lock was called.
+    since: Instant,
+}
+
 /// One node's protocol state machines and their glue. See the module docs.
 pub struct Core {
     id: NodeId,
@@ -161,12 +172,13 @@ pub struct Core {
     out: VecDeque<Output>,
     /// Messages of epoch `Ready`s, by `Ready` number, waiting for their writes to be durable.
     gated: VecDeque<(u64, Vec<(NodeId, EpochMessage)>)>,
-    /// Pending `lock` calls and whom they are for.
-    waiters: HashMap<Ticket, Owner>,
+    /// Pending `lock` calls.
+    waiters: HashMap<Ticket, Waiting>,
     /// Pending locks per client connection.
     pending_per_conn: HashMap<u64, usize>,
-    /// Live client handles by serial number (the number clients name them by), with their owners.
-    owners: HashMap<u64, (HandleId, ClientOwner)>,
+    /// Live client handles by serial number (the number clients name them by), with their owners
+    /// and admission instants.
+    owners: HashMap<u64, (HandleId, ClientOwner, Instant)>,
     /// Pending token checks: ids by deadline, and the key of each live id (an answer counts only
     /// for the key it was asked about).
     checks: HashMap<u64, Vec<u8>>,
@@ -175,6 +187,7 @@ pub struct Core {
     /// An operator change is in progress on this node.
     proposing: bool,
     counters: Counters,
+    activity: Activity,
     /// Once set (a write failed), nothing leaves this node any more.
     failed: bool,
     /// Report local deliveries as [`Output::Observed`].
@@ -208,10 +221,13 @@ impl Core {
             next_check: 0,
             proposing: false,
             counters: Counters::default(),
+            activity: Activity::default(),
             failed: false,
             observe_local: false,
         };
         core.out.push_back(Output::EpochLearned { epoch: core.current().number });
+        let members = core.current().member_ids().map(|m| m.0).collect();
+        core.activity.epochs.learned(EpochChange { epoch: core.current().number, members, at: now });
         core.settle(now);
         core
     }
@@ -221,6 +237,7 @@ impl Core {
     /// A message from peer `from` (authenticated by its certificate).
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: PeerMessage) {
         self.counters.peer_received += 1;
+        self.activity.messages.received(&message);
         match message {
             PeerMessage::Epoch(message) => {
                 if self.gated.len() >= MAX_PERSIST_BACKLOG {
@@ -309,9 +326,10 @@ impl Core {
         }
         let outcome = self.holder.lock(now, key, ttl, wait, &self.epoch);
         match &outcome {
-            Ok(LockOutcome::Locked(handle)) => self.admitted(handle, owner, true),
+            Ok(LockOutcome::Locked(handle)) => self.admitted(now, key, handle, owner, true),
             Ok(LockOutcome::Pending(ticket)) => {
-                self.waiters.insert(*ticket, owner);
+                self.activity.hot.waited(key);
+                self.waiters.insert(*ticket, Waiting { owner, key: key.into(), since: now });
                 if let Owner::Client(c) = owner {
                     *self.pending_per_conn.entry(c.conn).or_default() += 1;
                 }
@@ -333,7 +351,7 @@ impl Core {
     ) -> Result<Handle, LockError> {
         let result = self.holder.try_lock(now, key, ttl);
         if let Ok(handle) = &result {
-            self.admitted(handle, owner, true);
+            self.admitted(now, key, handle, owner, true);
         }
         self.settle_if_due(now);
         result
@@ -342,8 +360,8 @@ impl Core {
     /// Gives up a pending lock; `false` if it was already decided (its [`Output::LockDone`] is
     /// queued or was taken).
     pub fn cancel(&mut self, now: Instant, ticket: Ticket) -> bool {
-        if let Some(owner) = self.waiters.remove(&ticket) {
-            self.unqueue(owner);
+        if let Some(w) = self.waiters.remove(&ticket) {
+            self.unqueue(w.owner);
         }
         let cancelled = self.holder.cancel(now, ticket);
         self.settle(now);
@@ -353,7 +371,7 @@ impl Core {
     /// Extends a live handle (see [`Holder::renew`]); returns its new deadline.
     pub fn renew(&mut self, now: Instant, handle: HandleId, ttl: Duration) -> Result<Instant, LockError> {
         let result = self.holder.renew(now, handle, ttl);
-        self.forget_if_lost(handle, &result);
+        self.forget_if_lost(now, handle, &result);
         self.settle_if_due(now);
         result
     }
@@ -362,9 +380,9 @@ impl Core {
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         let result = self.holder.unlock(now, handle, note);
         if result.is_ok() {
-            self.disown(handle);
+            self.disown(now, handle);
         } else {
-            self.forget_if_lost(handle, &result);
+            self.forget_if_lost(now, handle, &result);
         }
         self.settle_if_due(now);
         result
@@ -373,7 +391,7 @@ impl Core {
     /// The live client handle with serial number `serial`, for a connection of `owner`'s
     /// identity: the handle then belongs to `owner`'s connection (a client that reconnected).
     pub fn claim(&mut self, serial: u64, owner: ClientOwner) -> Result<HandleId, ClaimError> {
-        let (handle, current) = self.owners.get_mut(&serial).ok_or(ClaimError::NotHeld(serial))?;
+        let (handle, current, _) = self.owners.get_mut(&serial).ok_or(ClaimError::NotHeld(serial))?;
         if current.identity != owner.identity {
             return Err(ClaimError::Forbidden(serial));
         }
@@ -479,6 +497,16 @@ impl Core {
         self.counters
     }
 
+    /// Lock timings, messages by kind, hot keys and recent epochs (see [`Activity`]).
+    pub fn activity(&self) -> &Activity {
+        &self.activity
+    }
+
+    /// The keys of pending lock calls, with when each call was made (one entry per call).
+    pub fn waiting(&self) -> impl Iterator<Item = (&[u8], Instant)> {
+        self.waiters.values().map(|w| (&*w.key, w.since))
+    }
+
     /// The current epoch's record.
     pub fn current(&self) -> &EpochRecord {
         self.epoch.current()
@@ -502,7 +530,7 @@ impl Core {
 
     /// The live handles of client connection `conn`.
     pub fn handles_of(&self, conn: u64) -> impl Iterator<Item = HandleId> + '_ {
-        self.owners.values().filter(move |(_, o)| o.conn == conn).map(|(h, _)| *h)
+        self.owners.values().filter(move |(_, o, _)| o.conn == conn).map(|(h, _, _)| *h)
     }
 
     /// This node's status at `now` (members not yet marked connected; the runtime does that).
@@ -513,7 +541,12 @@ impl Core {
             incarnation: self.epoch.incarnation(),
             epoch: current.number,
             members: (current.members.iter())
-                .map(|m| MemberStatus { id: m.id.0, addr: m.addr.clone(), connected: m.id == self.id })
+                .map(|m| MemberStatus {
+                    id: m.id.0,
+                    addr: m.addr.clone(),
+                    connected: m.id == self.id,
+                    unreachable_for: None,
+                })
                 .collect(),
             home_lease_left: self.epoch.lease_until(now).map(|until| until.saturating_duration_since(now)),
             quarantine_left: self.home.quarantine_end(&current.timing).saturating_duration_since(now),
@@ -521,15 +554,56 @@ impl Core {
             homed_delegations: self.home.delegations(),
             lock_delay_keys: self.home.keys_in_lock_delay(),
             counters: self.counters,
+            member: current.is_member(self.id),
+            hot_keys: (self.activity.hot.top(LISTED).into_iter())
+                .map(|(key, heat)| HotKey { key: show_key(key), waits: heat.waits, recalls: heat.recalls })
+                .collect(),
+            lock_delayed: self.lock_delayed(now),
+            waiting: self.waiting_keys(now),
+            recent_epochs: (self.activity.epochs.iter().rev())
+                .map(|c| RecentEpoch { epoch: c.epoch, members: c.members.clone(), ago: ago(c.at, now) })
+                .collect(),
         }
+    }
+
+    /// The keys in lock-delay at this home, soonest free first, at most [`LISTED`].
+    fn lock_delayed(&self, now: Instant) -> Vec<DelayedKey> {
+        let mut delayed: Vec<_> = self.home.lock_delayed().collect();
+        delayed.sort_unstable_by_key(|(_, until)| *until);
+        (delayed.into_iter().take(LISTED))
+            .map(|(key, until)| DelayedKey { key: show_key(key), left: until.saturating_duration_since(now) })
+            .collect()
+    }
+
+    /// The keys of pending lock calls, longest waiting first, at most [`LISTED`] (not yet marked
+    /// stalled: the runtime knows which homes are reachable).
+    fn waiting_keys(&self, now: Instant) -> Vec<WaitingKey> {
+        let mut by_key: HashMap<&[u8], (usize, Instant)> = HashMap::new();
+        for (key, since) in self.waiting() {
+            let (locks, oldest) = by_key.entry(key).or_insert((0, since));
+            *locks += 1;
+            *oldest = (*oldest).min(since);
+        }
+        let mut keys: Vec<_> = by_key.into_iter().collect();
+        keys.sort_unstable_by_key(|(_, (_, oldest))| *oldest);
+        (keys.into_iter().take(LISTED))
+            .map(|(key, (locks, oldest))| WaitingKey {
+                key: show_key(key),
+                home: self.epoch.home_of(key).map(|h| h.0),
+                locks,
+                waiting_for: ago(oldest, now),
+                stalled: false,
+            })
+            .collect()
     }
 
     // ---- internals ----
 
-    fn admitted(&mut self, handle: &Handle, owner: Owner, immediate: bool) {
+    fn admitted(&mut self, now: Instant, key: &[u8], handle: &Handle, owner: Owner, immediate: bool) {
         if let Owner::Client(c) = owner {
-            self.owners.insert(handle.id.serial(), (handle.id, c));
+            self.owners.insert(handle.id.serial(), (handle.id, c, now));
         }
+        tracing::debug!(key = %key.escape_ascii(), token = %handle.token, immediate, "lock admitted");
         self.counters.locks += 1;
         if immediate {
             self.counters.locks_immediate += 1;
@@ -548,15 +622,20 @@ impl Core {
         }
     }
 
-    /// Forgets a client handle's owner (a no-op for embedded handles, without hashing when no
-    /// client holds anything).
-    fn disown(&mut self, handle: HandleId) -> Option<ClientOwner> {
-        if self.owners.is_empty() { None } else { self.owners.remove(&handle.serial()).map(|(_, o)| o) }
+    /// Forgets a client handle's owner, recording how long it was held (a no-op for embedded
+    /// handles, without hashing when no client holds anything).
+    fn disown(&mut self, now: Instant, handle: HandleId) -> Option<ClientOwner> {
+        if self.owners.is_empty() {
+            return None;
+        }
+        let (_, owner, admitted) = self.owners.remove(&handle.serial())?;
+        observe_span(&self.activity.lock_hold, admitted, now);
+        Some(owner)
     }
 
-    fn forget_if_lost<T>(&mut self, handle: HandleId, result: &Result<T, LockError>) {
+    fn forget_if_lost<T>(&mut self, now: Instant, handle: HandleId, result: &Result<T, LockError>) {
         if matches!(result, Err(LockError::Expired | LockError::UnknownHandle)) {
-            self.disown(handle);
+            self.disown(now, handle);
         }
     }
 
@@ -568,7 +647,11 @@ impl Core {
             | DBody::Check { .. }
             | DBody::Handover { .. }
             | DBody::HandoverAck { .. } => self.home.handle_message(now, from, message, &self.epoch),
-            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Recall { .. } | DBody::Probe { .. } => {
+            DBody::Recall { ref key, .. } => {
+                self.activity.hot.recalled(key);
+                self.holder.handle_message(now, from, message, &self.epoch)
+            }
+            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &self.epoch)
             }
             DBody::CheckReply { key, id, answer } => {
@@ -592,6 +675,7 @@ impl Core {
     fn send(&mut self, to: NodeId, message: PeerMessage) {
         if !self.failed {
             self.counters.peer_sent += 1;
+            self.activity.messages.sent(&message);
             if matches!(message, PeerMessage::Delegation(_)) {
                 self.counters.delegation_sent += 1;
             }
@@ -653,7 +737,7 @@ impl Core {
                 self.route(to, message);
             }
             while let Some(event) = self.holder.poll_event() {
-                self.on_holder_event(event);
+                self.on_holder_event(now, event);
             }
             match self.local.pop_front() {
                 Some(message) => {
@@ -682,7 +766,10 @@ impl Core {
     fn on_epoch_event(&mut self, now: Instant, event: EpochEvent) {
         match event {
             EpochEvent::Learned { epoch } => {
-                tracing::info!(epoch, members = self.current().members.len(), "learned epoch");
+                let members: Vec<u64> = self.current().member_ids().map(|m| m.0).collect();
+                let member = self.current().is_member(self.id);
+                tracing::info!(epoch, ?members, member, "learned epoch");
+                self.activity.epochs.learned(EpochChange { epoch, members, at: now });
                 self.known.extend(self.epoch.current().member_ids());
                 self.addrs.extend(self.epoch.current().members.iter().map(|m| (m.id, m.addr.clone())));
                 self.out.push_back(Output::EpochLearned { epoch });
@@ -702,27 +789,31 @@ impl Core {
         }
     }
 
-    fn on_holder_event(&mut self, event: HolderEvent) {
+    fn on_holder_event(&mut self, now: Instant, event: HolderEvent) {
         match event {
             HolderEvent::Locked { ticket, handle } => {
-                let Some(owner) = self.waiters.remove(&ticket) else { return };
-                self.unqueue(owner);
-                self.admitted(&handle, owner, false);
+                let Some(w) = self.waiters.remove(&ticket) else { return };
+                self.unqueue(w.owner);
+                observe_span(&self.activity.lock_wait, w.since, now);
+                self.admitted(now, &w.key, &handle, w.owner, false);
                 self.out.push_back(Output::LockDone { ticket, result: Ok(handle) });
             }
             HolderEvent::LockFailed { ticket, error } => {
-                let Some(owner) = self.waiters.remove(&ticket) else { return };
-                self.unqueue(owner);
+                let Some(w) = self.waiters.remove(&ticket) else { return };
+                self.unqueue(w.owner);
+                tracing::debug!(key = %w.key.escape_ascii(), %error, "lock failed");
                 self.out.push_back(Output::LockDone { ticket, result: Err(error) });
             }
             HolderEvent::Recalled { handle, key, deadline } => {
-                if let Some(&(_, owner)) = self.owners.get(&handle.serial()) {
+                tracing::debug!(key = %key.escape_ascii(), "lock recalled: another node wants the key");
+                if let Some(&(_, owner, _)) = self.owners.get(&handle.serial()) {
                     let notice = Notice::Recalled { deadline };
                     self.out.push_back(Output::Notice { owner, handle, key, notice });
                 }
             }
             HolderEvent::Expired { handle, key } => {
-                if let Some(owner) = self.disown(handle) {
+                tracing::info!(key = %key.escape_ascii(), "lock lost: the handle passed its deadline");
+                if let Some(owner) = self.disown(now, handle) {
                     self.out.push_back(Output::Notice { owner, handle, key, notice: Notice::Expired });
                 }
             }

@@ -2,13 +2,17 @@
 //!
 //! - [`runtime`]: the node process ([`Node`]): QUIC links, persistence, timers.
 //! - [`core`]: the three protocol state machines of one node and the glue between them.
-//! - [`api`]: the client API, server side; [`client`]: the Rust client.
+//! - [`api`]: the client API, server side; [`client`]: the Rust client; [`http`]: the same API
+//!   as HTTP/JSON, and health probes.
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 //! - [`addr`]: `HOST:PORT` addresses and DNS names; [`duration`]: durations read and shown.
+//! - Observability: [`activity`] and [`hotkeys`] (what the core records), [`metrics`]
+//!   (Prometheus `/metrics`), [`page`] (the HTML status page).
 
+pub mod activity;
 pub mod addr;
 pub mod api;
 #[cfg(feature = "bug-injection")]
@@ -19,6 +23,10 @@ pub mod config;
 pub mod core;
 pub mod duration;
 pub mod embedded;
+pub mod hotkeys;
+pub mod http;
+pub mod metrics;
+pub mod page;
 pub mod peers;
 pub mod pki;
 pub mod runtime;

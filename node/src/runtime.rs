@@ -33,7 +33,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -76,6 +76,8 @@ pub enum NodeError {
     Listen { addr: SocketAddr, source: std::io::Error },
     #[error("a durable write failed, so the node stopped: {0}")]
     WriteFailed(String),
+    #[error(transparent)]
+    Http(#[from] crate::http::StartError),
     #[cfg(feature = "bug-injection")]
     #[error("{0}")]
     InjectBug(String),
@@ -125,19 +127,56 @@ pub(crate) struct Shared {
     pub api: crate::api::Sessions,
     /// Accepted peer connections, to notice two processes claiming one id.
     peer_conns: crate::peers::PeerConnections,
+    /// What the runtime measures itself, for `/metrics` and the status page.
+    pub metrics: crate::metrics::RuntimeMetrics,
     rt: tokio::runtime::Handle,
 }
 
 /// The sending side of one peer link.
 struct Link {
     tx: mpsc::Sender<PeerFrame>,
-    connected: Arc<AtomicBool>,
+    state: Arc<LinkState>,
+}
+
+/// Whether a peer link is up, and since when.
+struct LinkState {
+    /// [`LINK_UNTRIED`], [`LINK_UP`] or [`LINK_DOWN`].
+    state: AtomicU8,
+    /// This node's clock (nanos) at the last change of `state`.
+    since: AtomicU64,
+}
+
+const LINK_UNTRIED: u8 = 0;
+const LINK_UP: u8 = 1;
+const LINK_DOWN: u8 = 2;
+
+impl LinkState {
+    /// Sets the state at `now`; returns whether it changed.
+    fn set(&self, state: u8, now: Instant) -> bool {
+        let changed = self.state.swap(state, Ordering::Relaxed) != state;
+        if changed {
+            self.since.store(now.as_nanos(), Ordering::Relaxed);
+        }
+        changed
+    }
+
+    fn up(&self) -> bool {
+        self.state.load(Ordering::Relaxed) == LINK_UP
+    }
+
+    /// How long the link has been down at `now`; `None` while up or not tried yet.
+    fn down_for(&self, now: Instant) -> Option<Duration> {
+        (self.state.load(Ordering::Relaxed) == LINK_DOWN)
+            .then(|| now.saturating_duration_since(Instant::from_nanos(self.since.load(Ordering::Relaxed))))
+    }
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
 pub struct Node {
     pub(crate) shared: Arc<Shared>,
     persist_thread: Option<std::thread::JoinHandle<()>>,
+    /// The HTTP API's TCP address, when it has one.
+    http_addr: Option<SocketAddr>,
 }
 
 impl Node {
@@ -209,6 +248,7 @@ impl Node {
             ),
             None => None,
         };
+        let http = crate::http::Listeners::bind(&config).await?;
         let (persist_tx, persist_rx) = std::sync::mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -232,6 +272,7 @@ impl Node {
             failure: Mutex::new(None),
             api: crate::api::Sessions::new(),
             peer_conns: crate::peers::PeerConnections::default(),
+            metrics: crate::metrics::RuntimeMetrics::default(),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -243,6 +284,7 @@ impl Node {
                 .map_err(|e| NodeError::WriteFailed(format!("cannot start the persistence thread: {e}")))?
         };
         tokio::spawn(timer_loop(Arc::clone(&shared)));
+        tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
         let shares_clients = shared.client_endpoint.is_none();
         tokio::spawn(accept_loop(
             Arc::clone(&shared),
@@ -258,8 +300,13 @@ impl Node {
             }
             d.core.handle_timeout(now)
         });
+        let http_addr = http.and_then(|http| {
+            let addr = http.tcp_addr();
+            http.serve(&shared);
+            addr
+        });
         tracing::info!(node = %id, addr = %shared.config.listen, "node started");
-        Ok(Node { shared, persist_thread: Some(persist_thread) })
+        Ok(Node { shared, persist_thread: Some(persist_thread), http_addr })
     }
 
     /// This node's id.
@@ -270,6 +317,11 @@ impl Node {
     /// The address of the client API (the peer endpoint's, when clients share it).
     pub fn client_addr(&self) -> Option<SocketAddr> {
         self.shared.client_endpoint.as_ref().unwrap_or(&self.shared.endpoint).local_addr().ok()
+    }
+
+    /// The TCP address of the HTTP API, when it serves one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
     }
 
     /// The address the node's QUIC endpoint is bound to.
@@ -368,6 +420,13 @@ impl Shared {
         result
     }
 
+    /// Runs `f` on the core at the current instant, for reading only (nothing the core could
+    /// produce is carried out, so `f` must not call into it).
+    pub(crate) fn read_core<R>(&self, f: impl FnOnce(&Core, Instant) -> R) -> R {
+        let driven = lock(&self.core);
+        f(&driven.core, self.clock.now())
+    }
+
     /// Carries out one output of the core (under the core's lock).
     fn carry_out(self: &Arc<Self>, d: &mut Driven, now: Instant, output: Output) {
         match output {
@@ -419,9 +478,9 @@ impl Shared {
 
     fn spawn_link(self: &Arc<Self>, peer: NodeId) -> Link {
         let (tx, rx) = mpsc::channel(LINK_QUEUE);
-        let connected = Arc::new(AtomicBool::new(false));
-        self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&connected)));
-        Link { tx, connected }
+        let state = Arc::new(LinkState { state: AtomicU8::new(LINK_UNTRIED), since: AtomicU64::new(0) });
+        self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&state)));
+        Link { tx, state }
     }
 
     /// Whether every link has written everything queued on it.
@@ -431,7 +490,7 @@ impl Shared {
 
     /// Whether this node has an open connection to `peer`.
     pub fn connected(&self, peer: NodeId) -> bool {
-        lock(&self.links).get(&peer).is_some_and(|l| l.connected.load(Ordering::Relaxed))
+        lock(&self.links).get(&peer).is_some_and(|l| l.state.up())
     }
 
     /// Stops every task; `failure` says why, if the node stops by itself.
@@ -446,9 +505,16 @@ impl Shared {
     /// The node's status, for `keyhome status`.
     pub fn status(self: &Arc<Self>) -> crate::status::Status {
         let mut status = self.with_core(|d, now| d.core.status(now));
-        for m in &mut status.members {
-            m.connected |= self.connected(NodeId(m.id));
+        let now = self.clock.now();
+        let links = lock(&self.links);
+        for m in status.members.iter_mut().filter(|m| m.id != self.id.0) {
+            if let Some(link) = links.get(&NodeId(m.id)) {
+                m.connected = link.state.up();
+                m.unreachable_for = link.state.down_for(now);
+            }
         }
+        drop(links);
+        status.mark_stalled();
         status
     }
 
@@ -530,7 +596,10 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => continue,
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
         };
-        match store.commit(&job.writes) {
+        let started = shared.clock.now();
+        let committed = store.commit(&job.writes);
+        crate::activity::observe_span(&shared.metrics.fsync, started, shared.clock.now());
+        match committed {
             Ok(()) => shared.with_core(|d, now| d.core.persisted(now, job.number)),
             Err(e) => {
                 shared.with_core(|d, _| d.core.fail());
@@ -686,7 +755,7 @@ async fn run_link(
     shared: Arc<Shared>,
     peer: NodeId,
     mut rx: mpsc::Receiver<PeerFrame>,
-    connected: Arc<AtomicBool>,
+    link: Arc<LinkState>,
 ) {
     let mut stop = shared.shutdown.subscribe();
     let mut backoff = Backoff::new(shared.id.0 ^ peer.0.rotate_left(32));
@@ -708,8 +777,8 @@ async fn run_link(
         match connect(&shared, peer, &addr).await {
             Ok((conn, mut send)) => {
                 backoff.reset();
-                connected.store(true, Ordering::Relaxed);
-                tracing::debug!(%peer, %addr, "link up");
+                link.set(LINK_UP, shared.clock.now());
+                tracing::info!(%peer, %addr, "peer up");
                 loop {
                     tokio::select! {
                         frame = rx.recv() => match frame {
@@ -731,10 +800,16 @@ async fn run_link(
                         _ = stopping(&mut stop) => return,
                     }
                 }
-                connected.store(false, Ordering::Relaxed);
-                tracing::debug!(%peer, "link down");
+                link.set(LINK_DOWN, shared.clock.now());
+                tracing::info!(%peer, %addr, "peer down");
             }
-            Err(e) => tracing::debug!(%peer, %addr, "cannot connect: {e}"),
+            Err(e) => {
+                if link.set(LINK_DOWN, shared.clock.now()) {
+                    tracing::info!(%peer, %addr, error = %e, "peer unreachable");
+                } else {
+                    tracing::debug!(%peer, %addr, "cannot connect: {e}");
+                }
+            }
         }
         // What queued while the link was down is dropped: the cores resend what matters.
         let mut dropped = 0;

@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 
 use keyhome_epoch::{NodeId, Timing};
 
-use crate::config::{ClientProfile, ConfigError, GenesisFile, LockSettings, NodeConfig};
+use crate::config::{ClientProfile, ConfigError, GenesisFile, HttpConfig, LockSettings, NodeConfig};
+use crate::http::tokens;
 use crate::pki::{self, CaKeyPair, PkiError, Role};
 
 /// Why a set-up step failed.
@@ -25,6 +26,8 @@ pub enum SetupError {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{0} already exists; refusing to overwrite it")]
     Exists(PathBuf),
+    #[error(transparent)]
+    Tokens(#[from] tokens::TokensError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
@@ -36,8 +39,17 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> SetupError + '_ {
 /// file that exists) leaves no file half-written and, before the renames, none written at all.
 #[derive(Default)]
 pub struct Files {
-    /// Path, contents, and whether the file is secret (mode 0600, else 0644).
-    files: Vec<(PathBuf, String, bool)>,
+    files: Vec<Staged>,
+}
+
+/// One file of [`Files`].
+struct Staged {
+    path: PathBuf,
+    contents: String,
+    /// Mode 0600, else 0644.
+    secret: bool,
+    /// Replaced whatever `commit` is told (a file that accumulates, like the tokens file).
+    replace: bool,
 }
 
 impl Files {
@@ -47,7 +59,12 @@ impl Files {
 
     /// Adds a file; a secret one gets mode 0600.
     pub fn add(&mut self, path: PathBuf, contents: String, secret: bool) {
-        self.files.push((path, contents, secret));
+        self.files.push(Staged { path, contents, secret, replace: false });
+    }
+
+    /// Adds a file that replaces the one at `path`, if any, even when `commit` may not overwrite.
+    pub fn replace(&mut self, path: PathBuf, contents: String) {
+        self.files.push(Staged { path, contents, secret: false, replace: true });
     }
 
     /// Adds `value` as a TOML file.
@@ -59,18 +76,18 @@ impl Files {
 
     /// The paths, in the order they were added.
     pub fn paths(&self) -> impl Iterator<Item = &Path> {
-        self.files.iter().map(|(p, _, _)| p.as_path())
+        self.files.iter().map(|f| f.path.as_path())
     }
 
     /// Writes every file. Refuses with [`SetupError::Exists`], before writing anything, if one
     /// exists already and `overwrite` is false.
     pub fn commit(self, overwrite: bool) -> Result<(), SetupError> {
-        if !overwrite && let Some(path) = self.paths().find(|p| p.exists()) {
-            return Err(SetupError::Exists(path.to_path_buf()));
+        if !overwrite && let Some(f) = self.files.iter().find(|f| !f.replace && f.path.exists()) {
+            return Err(SetupError::Exists(f.path.clone()));
         }
         let mut written: Vec<(PathBuf, &Path)> = Vec::new();
         let result = (|| {
-            for (path, contents, secret) in &self.files {
+            for Staged { path, contents, secret, .. } in &self.files {
                 if let Some(dir) = path.parent() {
                     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
                 }
@@ -149,7 +166,8 @@ pub fn load_ca(cluster: &Path) -> Result<CaKeyPair, SetupError> {
 }
 
 /// Adds a new certificate for `role` and its key to `files`, in the role's identity directory;
-/// returns the directory.
+/// returns the directory. An operator or client also gets an HTTP API token (`http-token`, its
+/// hash in the cluster's tokens file, which `files` then replaces: see [`crate::http::tokens`]).
 pub fn stage_identity(
     files: &mut Files,
     cluster: &Path,
@@ -160,6 +178,12 @@ pub fn stage_identity(
     let dir = identity_dir(cluster, role);
     files.add(dir.join("cert.pem"), issued.cert_pem, false);
     files.add(dir.join("key.pem"), issued.key_pem, true);
+    if !matches!(role, Role::Node(_)) {
+        let path = cluster.join(tokens::TOKENS_FILE);
+        let drawn = tokens::draw(&path, role)?;
+        files.add(dir.join(tokens::TOKEN_FILE), format!("{}\n", drawn.token), true);
+        files.replace(path, drawn.file);
+    }
     Ok(dir)
 }
 
@@ -173,8 +197,9 @@ pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, Set
 }
 
 /// Adds `node.toml` for node `id` listening on `listen`, next to its certificate; with
-/// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]).
-/// Returns its path.
+/// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]). The HTTP
+/// API is on, on loopback TCP with `listen`'s port number, taking the cluster's tokens. Returns its
+/// path.
 pub fn stage_node_config(
     files: &mut Files,
     cluster: &Path,
@@ -195,10 +220,16 @@ pub fn stage_node_config(
         key: "key.pem".into(),
         genesis: "../genesis.toml".into(),
         locks,
+        http: Some(HttpConfig::local(loopback(listen.port()))),
     };
     let path = dir.join("node.toml");
     files.add_toml(path.clone(), &config)?;
     Ok(path)
+}
+
+/// `port` on 127.0.0.1.
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port))
 }
 
 /// Adds `profile.toml` for an operator or client identity, pointing at node `node` at `addr`

@@ -53,6 +53,70 @@ pub struct Status {
     /// Keys this node homes that are in lock-delay.
     pub lock_delay_keys: usize,
     pub counters: Counters,
+    /// Whether this node is a member of the current epoch (a removed node is not, and homes
+    /// and grants nothing).
+    pub member: bool,
+    /// The keys this node contended for most, hottest first (at most [`LISTED`]).
+    pub hot_keys: Vec<HotKey>,
+    /// Keys this node homes that are in lock-delay, soonest free first (at most [`LISTED`]).
+    pub lock_delayed: Vec<DelayedKey>,
+    /// Keys with lock calls waiting on this node, longest waiting first (at most [`LISTED`]).
+    pub waiting: Vec<WaitingKey>,
+    /// The latest epochs this node learned in this run, newest first.
+    pub recent_epochs: Vec<RecentEpoch>,
+}
+
+/// Entries each list of [`Status`] shows at most.
+pub const LISTED: usize = 20;
+
+/// A key as status shows it: its bytes, with anything but printable ASCII escaped (`\xNN`).
+pub fn show_key(key: &[u8]) -> String {
+    key.escape_ascii().to_string()
+}
+
+/// A contended key (see [`crate::hotkeys`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HotKey {
+    pub key: String,
+    /// Locks of the key on this node that had to wait for a message.
+    pub waits: u64,
+    /// Recalls of the key this node received as its holder.
+    pub recalls: u64,
+}
+
+/// A key in lock-delay at this node, its home.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DelayedKey {
+    pub key: String,
+    /// Until the key may be granted again.
+    #[serde(rename = "left_ms", with = "crate::duration::as_millis")]
+    pub left: Duration,
+}
+
+/// A key with lock calls waiting on this node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingKey {
+    pub key: String,
+    /// The key's home in the current epoch (`None` when no epoch names one).
+    pub home: Option<u64>,
+    /// Lock calls waiting for it.
+    pub locks: usize,
+    /// How long the oldest of them has waited.
+    #[serde(rename = "waiting_for_ms", with = "crate::duration::as_millis")]
+    pub waiting_for: Duration,
+    /// The key's home is unreachable from this node: the locks wait until it is back, or until
+    /// an operator removes it from the epoch (which moves the key to another home).
+    pub stalled: bool,
+}
+
+/// An epoch this node learned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecentEpoch {
+    pub epoch: u64,
+    pub members: Vec<u64>,
+    /// How long ago this node learned it.
+    #[serde(rename = "ago_ms", with = "crate::duration::as_millis")]
+    pub ago: Duration,
 }
 
 /// A member of the current epoch, as this node sees it.
@@ -62,6 +126,20 @@ pub struct MemberStatus {
     pub addr: String,
     /// This node has an open connection to the member (always true for itself).
     pub connected: bool,
+    /// How long the member has been unreachable: since this node's link to it went down or,
+    /// if it never came up, since this node first tried it. `None` when connected, or when this
+    /// node has not tried to reach the member yet.
+    #[serde(rename = "unreachable_for_ms", with = "crate::duration::as_millis_opt")]
+    pub unreachable_for: Option<Duration>,
+}
+
+impl Status {
+    /// Marks the waiting keys whose home is a member this node has no connection to.
+    pub fn mark_stalled(&mut self) {
+        for w in &mut self.waiting {
+            w.stalled = w.home.is_some_and(|home| self.members.iter().any(|m| m.id == home && !m.connected));
+        }
+    }
 }
 
 impl std::fmt::Display for Status {
@@ -69,14 +147,21 @@ impl std::fmt::Display for Status {
         writeln!(f, "node {} (incarnation {}), epoch {}", self.id, self.incarnation, self.epoch)?;
         writeln!(f, "members:")?;
         for m in &self.members {
-            let state = if m.id == self.id {
-                "self"
-            } else if m.connected {
-                "connected"
-            } else {
-                "unreachable"
+            let state = match (m.id == self.id, m.connected, m.unreachable_for) {
+                (true, _, _) => "self".to_string(),
+                (_, true, _) => "connected".to_string(),
+                (_, false, Some(d)) => format!("UNREACHABLE for {}", Human(d)),
+                (_, false, None) => "unreachable (not tried yet)".to_string(),
             };
             writeln!(f, "  {:>6}  {:<24} {state}", m.id, m.addr)?;
+        }
+        if !self.member {
+            writeln!(
+                f,
+                "THIS NODE IS NOT A MEMBER of epoch {}: it homes and grants nothing (add it back with \
+                 `keyhome epoch propose --add {}=HOST:PORT`, or stop it)",
+                self.epoch, self.id
+            )?;
         }
         match self.home_lease_left {
             Some(left) => writeln!(f, "home lease: {} left", Human(left))?,
@@ -95,6 +180,109 @@ impl std::fmt::Display for Status {
             f,
             "messages: {} sent, {} received, {} dropped, {} local; locks: {} ({} with no message)",
             c.peer_sent, c.peer_received, c.peer_dropped, c.local_delivered, c.locks, c.locks_immediate
-        )
+        )?;
+        self.fmt_lists(f)
+    }
+}
+
+impl Status {
+    /// The lists of [`Status`] as text: stalled and waiting keys, hot keys, lock-delay, epochs.
+    fn fmt_lists(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stalled: Vec<_> = self.waiting.iter().filter(|w| w.stalled).collect();
+        if !stalled.is_empty() {
+            write!(f, "\nSTALLED: these keys wait for a home this node cannot reach:")?;
+            for w in &stalled {
+                let (home, locks, waited) = (w.home.unwrap_or_default(), w.locks, Human(w.waiting_for));
+                write!(f, "\n  {}  home {home}, {locks} lock(s) waiting for {waited}", w.key)?;
+            }
+            let mut homes: Vec<u64> = stalled.iter().filter_map(|w| w.home).collect();
+            homes.sort_unstable();
+            homes.dedup();
+            for home in homes {
+                write!(
+                    f,
+                    "\n  if node {home} is gone for good, move its keys to other homes: \
+                     keyhome epoch propose --remove {home}"
+                )?;
+            }
+        }
+        let waiting = self.waiting.iter().filter(|w| !w.stalled).count();
+        if waiting > 0 {
+            write!(f, "\nwaiting: {waiting} key(s) with pending locks")?;
+        }
+        if !self.hot_keys.is_empty() {
+            write!(f, "\nhot keys (waits, recalls):")?;
+            for h in &self.hot_keys {
+                write!(f, "\n  {:<32} {:>6} {:>6}", h.key, h.waits, h.recalls)?;
+            }
+        }
+        if !self.lock_delayed.is_empty() {
+            write!(f, "\nin lock-delay:")?;
+            for d in &self.lock_delayed {
+                write!(f, "\n  {:<32} {} left", d.key, Human(d.left))?;
+            }
+        }
+        if let Some(latest) = self.recent_epochs.first() {
+            write!(
+                f,
+                "\nlast epoch change: epoch {} ({} ago), members {:?}",
+                latest.epoch,
+                Human(latest.ago),
+                latest.members
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A status with an unreachable member, a stalled key and a hot key whose name needs escaping.
+#[cfg(test)]
+pub(crate) fn example() -> Status {
+    Status {
+        id: 1,
+        incarnation: 3,
+        epoch: 7,
+        members: vec![
+            MemberStatus { id: 1, addr: "127.0.0.1:7101".into(), connected: true, unreachable_for: None },
+            MemberStatus {
+                id: 2,
+                addr: "127.0.0.1:7102".into(),
+                connected: false,
+                unreachable_for: Some(Duration::from_secs(42)),
+            },
+        ],
+        home_lease_left: Some(Duration::from_millis(1500)),
+        quarantine_left: Duration::ZERO,
+        holder_keys: 2,
+        homed_delegations: 1,
+        lock_delay_keys: 0,
+        counters: Counters { locks: 10, locks_immediate: 8, ..Counters::default() },
+        member: false,
+        hot_keys: vec![HotKey { key: "<script>".into(), waits: 5, recalls: 2 }],
+        lock_delayed: vec![],
+        waiting: vec![WaitingKey {
+            key: "orders".into(),
+            home: Some(2),
+            locks: 1,
+            waiting_for: Duration::from_secs(3),
+            stalled: true,
+        }],
+        recent_epochs: vec![RecentEpoch { epoch: 7, members: vec![1, 2], ago: Duration::from_secs(5) }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_text_names_the_problems_and_their_fixes() {
+        let text = super::example().to_string();
+        assert!(text.contains("UNREACHABLE for 42 s"), "{text}");
+        assert!(text.contains("THIS NODE IS NOT A MEMBER of epoch 7"), "{text}");
+        assert!(
+            text.contains("STALLED") && text.contains("orders  home 2, 1 lock(s) waiting for 3 s"),
+            "{text}"
+        );
+        assert!(text.contains("keyhome epoch propose --remove 2"), "{text}");
+        assert!(text.contains("last epoch change: epoch 7 (5 s ago), members [1, 2]"), "{text}");
     }
 }

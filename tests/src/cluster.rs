@@ -12,7 +12,7 @@
 //!   [`eventually`] poll with a generous deadline.
 
 use std::future::Future;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -165,6 +165,33 @@ impl Cluster {
     /// [`Cluster::layout_named`] cluster, else [`Cluster::addr`].
     pub fn member_addr(&self, id: u64) -> String {
         if self.named { format!("localhost:{}", self.addr(id).port()) } else { self.addr(id).to_string() }
+    }
+
+    /// The base URL of node `id`'s HTTP API (TCP, the port number of its QUIC address).
+    pub fn http_url(&self, id: u64) -> String {
+        format!("http://{}", self.addr(id))
+    }
+
+    /// The file holding the HTTP API token of `role` (a client or the operator).
+    pub fn http_token_file(&self, role: &Role) -> PathBuf {
+        setup::identity_dir(&self.dir, role).join(keyhome::http::tokens::TOKEN_FILE)
+    }
+
+    /// The HTTP API token of `role`.
+    pub fn http_token(&self, role: &Role) -> String {
+        let path = self.http_token_file(role);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+            .trim()
+            .to_string()
+    }
+
+    /// Changes node `id`'s `node.toml` (before the node starts, to take effect).
+    pub fn edit_config(&self, id: u64, edit: impl FnOnce(&mut keyhome::config::NodeConfig)) {
+        let path = self.node_config(id);
+        let mut config = keyhome::config::NodeConfig::load(&path).expect("load node.toml");
+        edit(&mut config);
+        write_toml(&path, &config).expect("write node.toml");
     }
 
     /// The address the genesis gives node `id`: where its peers reach it.
@@ -597,8 +624,8 @@ fn locate_or_build(bugs: bool) -> PathBuf {
 
 // ---- ports ----
 
-/// `n` consecutive free UDP ports on 127.0.0.1, outside the ephemeral range, never handed out
-/// twice by this process.
+/// `n` consecutive ports on 127.0.0.1 free for UDP (the nodes' QUIC) and TCP (their HTTP API,
+/// same number), outside the ephemeral range, never handed out twice by this process.
 pub fn free_port_block(n: u16) -> u16 {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let (lo, hi) = port_region();
@@ -609,12 +636,13 @@ pub fn free_port_block(n: u16) -> u16 {
     for _ in 0..(span / stride) {
         let offset = (start + NEXT.fetch_add(stride, Ordering::Relaxed)) % (span - stride);
         let base = lo + offset as u16;
-        let sockets: Vec<_> = (0..n).map(|i| UdpSocket::bind(("127.0.0.1", base + i))).collect();
-        if sockets.iter().all(Result::is_ok) {
+        let udp: Vec<_> = (0..n).map(|i| UdpSocket::bind(("127.0.0.1", base + i))).collect();
+        let tcp: Vec<_> = (0..n).map(|i| TcpListener::bind(("127.0.0.1", base + i))).collect();
+        if udp.iter().all(Result::is_ok) && tcp.iter().all(Result::is_ok) {
             return base;
         }
     }
-    panic!("no {n} consecutive free UDP ports in {lo}..{hi}");
+    panic!("no {n} consecutive free UDP and TCP ports in {lo}..{hi}");
 }
 
 /// Ports to draw from: below the kernel's ephemeral range if there is room, else above it.

@@ -93,6 +93,9 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
     println!("  keyhome epoch show");
     println!("or in one line: KEYHOME_PROFILE={dir}/client-app/profile.toml keyhome status --json");
+    for line in http_hints(&args.dir) {
+        println!("{line}");
+    }
     println!("(Ctrl-C stops the cluster)");
     tokio::select! {
         _ = crate::shutdown_signal() => {}
@@ -243,6 +246,21 @@ fn check_ports_free(configs: &[PathBuf], fresh: bool) -> Result<(), Box<dyn std:
         }
     }
     Ok(())
+}
+
+/// How to reach node 1's HTTP API, if it serves one: a curl line that locks a key, and the
+/// status page.
+fn http_hints(dir: &Path) -> Vec<String> {
+    let config = setup::identity_dir(dir, &Role::Node(NodeId(1))).join("node.toml");
+    let Some(addr) = NodeConfig::load(&config).ok().and_then(|c| c.http?.listen) else { return Vec::new() };
+    let token = setup::identity_dir(dir, &Role::Client("app".into())).join(keyhome::http::tokens::TOKEN_FILE);
+    vec![
+        format!(
+            "  curl -sS -H \"Authorization: Bearer $(cat {})\" -d '{{\"key\":\"my-key\",\"ttl_ms\":10000,\"wait_ms\":5000}}' http://{addr}/v1/lock",
+            token.display()
+        ),
+        format!("status page and metrics: http://{addr}/ and http://{addr}/metrics"),
+    ]
 }
 
 /// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
