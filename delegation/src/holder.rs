@@ -27,15 +27,17 @@
 //!   can admit the key while a handle is inside the deadline its owner was told. A recalled
 //!   handle's deadline no longer grows (renewals keep or shorten it), so a recall costs at most
 //!   the handle's remaining time.
-//! - **Every handle ends exactly once**: by a successful [`Holder::unlock`] or
-//!   [`Holder::abandon`], or by one [`Event::Expired`]; after the event, the handle's next use
+//! - **Every handle ends exactly once**: by a successful [`Holder::unlock`], or by one
+//!   [`Event::Expired`]; after the event, the handle's next use
 //!   returns [`LockError::Expired`].
 //! - **Nothing is held that is not needed**: idle delegations are released after
 //!   [`HolderConfig::idle_release`]; grants that are late, stray, duplicated or no longer wanted
 //!   are handed back with `Release` (carrying their note and `recovered` flag) while they may
 //!   still be live. A renewal's grant that arrives after its delegation was released is not
-//!   handed back (the release covers it); after an expiry, or from an earlier run of this node,
-//!   it is handed back flagged `recovered`.
+//!   handed back (the release covers it); after an expiry it is handed back flagged `recovered`.
+//!   A grant answering a request of an earlier run of this node is never handed back: it may
+//!   renew a delegation under which that run admitted handles whose owners are still inside the
+//!   deadlines they were told (a crash does not end them), so the home must let it run out.
 //! - **The handoff is passed on**: a delegation granted `recovered` and released before any
 //!   admission releases with `recovered: true`; a Recall that overtakes its Grant (while the
 //!   acquisition request is outstanding) is remembered and applied when the Grant arrives.
@@ -336,6 +338,10 @@ struct Delegation {
     deadline: Instant,
     /// When to renew if busy: half the lease after the granting request's send instant.
     renew_at: Instant,
+    /// The latest instant a grant answering any request this delegation came from or was renewed
+    /// by may still arrive live (send instant + asked lease): the network may duplicate or delay
+    /// an answer already taken, so the key's [`Past`] outlives this, to recognise such a grant.
+    answers_until: Instant,
     next_seq: u64,
     /// Set by a recall: admission is closed, the local handle (asked to unlock by an
     /// [`Event::Recalled`]) no longer grows, and the delegation is released when it ends.
@@ -927,6 +933,7 @@ impl Holder {
                     d.lease = lease;
                     d.deadline = deadline;
                     d.renew_at = r.sent_at + lease / 2;
+                    d.answers_until = d.answers_until.max(r.sent_at + r.lease);
                     if let Some(local) = &mut e.local {
                         local.deadline = local.until.min(deadline);
                     }
@@ -944,6 +951,7 @@ impl Holder {
                             lease,
                             deadline,
                             renew_at: r.sent_at + lease / 2,
+                            answers_until: r.sent_at + r.lease,
                             next_seq,
                             // A Recall that overtook this Grant closes admission at once.
                             recalled: e.early_recall == Some(g.grantee),
@@ -989,8 +997,10 @@ impl Holder {
     /// carries; the one held is kept. A grant of the delegation this key had last (a renewal
     /// answered after it ended) is not handed back if it was released: that Release, in flight,
     /// covers it and carries the real note. If it expired, it is handed back flagged `recovered`.
-    /// So is a grant answering a request of an earlier run of this node: it may renew a
-    /// delegation that the restart ended without a release.
+    /// A grant answering a request of an earlier run of this node is kept from the home: it may
+    /// renew a delegation under which that run admitted handles whose owners still work inside
+    /// the deadlines they were told (a crash ends none of them), so only its expiry at the home,
+    /// which outlasts every such deadline, may free the key.
     fn stray_grant(&mut self, now: Instant, from: NodeId, slot: Option<u32>, g: GrantMsg) {
         let e = slot.and_then(|s| self.entry(s));
         if e.and_then(|e| e.deleg.as_ref()).is_some_and(|d| d.grantee == g.grantee) {
@@ -999,7 +1009,7 @@ impl Holder {
         let (note, recovered) = match e.and_then(|e| e.past.as_ref()).filter(|p| p.grantee == g.grantee) {
             Some(p) if p.released => return,
             Some(_) => (None, true),
-            None if !self.io.issued_this_run(g.id) => (g.note, true),
+            None if !self.io.issued_this_run(g.id) => return,
             None => (g.note, g.recovered),
         };
         if self.io.grant_live(g.id, g.lease, now) {
@@ -1370,7 +1380,7 @@ impl Entry {
             released: true,
             recovered,
             next_seq: d.next_seq,
-            until: d.deadline + d.lease,
+            until: (d.deadline + d.lease).max(d.answers_until),
         });
         self.forget_renewal();
         self.retry_at = now;
@@ -1388,7 +1398,7 @@ impl Entry {
             released: false,
             recovered: true,
             next_seq: d.next_seq,
-            until: now + d.lease,
+            until: (now + d.lease).max(d.answers_until),
         });
         self.forget_renewal();
         self.retry_at = now;

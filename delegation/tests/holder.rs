@@ -735,23 +735,28 @@ fn a_renewal_grant_after_an_expiry_is_handed_back_recovered() {
     assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
 }
 
-/// Found with defect (c): after a restart, a grant answering a request of the earlier run may be
-/// a renewal of a delegation the crash ended without a release; it is handed back flagged
-/// `recovered` (with whatever note it carries).
+/// After a restart, a grant answering a request of the earlier run may renew a delegation under
+/// which that run admitted handles whose owners are still inside the deadlines they were told (a
+/// crash ends none of them). Handing it back would let the home grant the key to someone else
+/// inside those deadlines (found by the lock simulation, seed 12141: node 4's restarted run handed
+/// back the renewal its crashed run had asked for, and was itself granted the key while the
+/// crashed run's client held it). So it is kept from the home, and not used either.
 #[test]
-fn a_grant_for_an_earlier_run_is_handed_back_recovered() {
+fn a_grant_for_an_earlier_run_is_left_to_expire_at_the_home() {
     let auth = Script::new();
     let mut h = holder();
     let earlier = RequestId::new(6, 3);
     h.handle_message(at(10), HOME, grant(b"k", earlier, grantee(1), secs(10), None, false), &auth);
-    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
     h.handle_message(
         at(20),
         HOME,
         grant(b"k", RequestId { seq: 4, ..earlier }, grantee(2), secs(10), Some(b"p"), false),
         &auth,
     );
-    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(2), Some(b"p"), true))]);
+    assert_eq!(sent(&mut h), vec![], "nothing is handed back");
+    pending(h.lock(at(30), b"k", secs(1), secs(30), &auth));
+    let r = one_request(&mut h);
+    assert_eq!((r.to, r.held), (HOME, None), "the earlier run's delegation is not used: a new request");
 }
 
 /// Defect (d): a delegation granted `recovered` and released before any admission passes the
