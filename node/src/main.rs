@@ -434,6 +434,9 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
     let ca = setup::load_ca(&args.dir)?;
     let dir = setup::issue(&args.dir, &ca, &role)?;
     println!("issued {role} into {}", dir.display());
+    if !matches!(role, Role::Node(_)) {
+        println!("HTTP API token in {}", dir.join(keyhome::http::tokens::TOKEN_FILE).display());
+    }
     match (&role, args.addr) {
         (Role::Node(id), Some(addr)) => {
             let listen = addr.parse().map_err(|_| format!("{addr:?} is not HOST:PORT with an IP address"))?;
