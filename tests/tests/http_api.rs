@@ -2,7 +2,7 @@
 //! and a Python program using only the standard library (tests/http/client.py). Also: bad input
 //! gets a clear 4xx while the node keeps serving, and docs/openapi.json matches the server.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -138,6 +138,34 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
     assert_eq!(freed.status, 200, "{freed:?}");
     let taken = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "w", "ttl_ms": 1000, "wait_ms": 5000}));
     assert_eq!(taken.status, 200, "the withdrawn lock kept the key: {taken:?}");
+
+    // Lost-lock events with `curl -N`: a lock left to expire, then its key's next holder is told
+    // `recovered`.
+    let mut stream = Command::new("curl")
+        .args(["-isSN", "--max-time", "60", "-H", &format!("Authorization: Bearer {app}")])
+        .arg(format!("{n1}/v1/events"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl -N");
+    let mut lines = std::io::BufReader::new(stream.stdout.take().expect("stdout")).lines();
+    // The status line comes once the node has subscribed the stream (`-i`: headers included).
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let short = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "x", "ttl_ms": 300, "wait_ms": 5000}));
+    assert_eq!(short.status, 200, "{short:?}");
+    let expired = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let data: Value = serde_json::from_str(line.strip_prefix("data:")?).ok()?;
+            (data["handle"] == short.body["handle"]).then_some(data)
+        })
+        .expect("an event for the short lock");
+    assert_eq!((&expired["kind"], &expired["key"]), (&json!("expired"), &json!("x")), "{expired}");
+    let _ = stream.kill();
+    let _ = stream.wait();
+    let after = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "x", "ttl_ms": 1000, "wait_ms": 5000}));
+    assert_eq!((after.status, &after.body["recovered"]), (200, &json!(true)), "{after:?}");
 
     let status = get(&app, &format!("{n2}/v1/status"));
     assert!(status.status == 200 && status.body["id"] == json!(2), "{status:?}");
