@@ -218,6 +218,7 @@ async fn http_relock(cluster: &std::path::Path, addr: std::net::SocketAddr, roun
             .header(hyper::header::AUTHORIZATION, &bearer)
             .body(Full::new(Bytes::from(body)))
             .expect("request");
+        send.ready().await.expect("the connection takes another request");
         let response = send.send_request(request).await.expect("send");
         assert!(response.status().is_success(), "{path}: {}", response.status());
         let bytes = response.into_body().collect().await.expect("body").to_bytes();

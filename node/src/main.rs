@@ -544,6 +544,9 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
         e => Box::<dyn std::error::Error>::from(e),
     })?;
     println!("issued a certificate for {role} into {}", dir.display());
+    if !matches!(role, Role::Node(_)) {
+        println!("HTTP API token in {}", dir.join(keyhome::http::tokens::TOKEN_FILE).display());
+    }
     if let Some(companion) = companion {
         println!("wrote {companion}");
     }

@@ -49,7 +49,7 @@ def events(base, token, into):
         sys.exit(f"/v1/events answered {resp.headers.get_content_type()}")
 
     def read():
-        kind = None
+        kind, seq = None, 0
         for raw in resp:
             line = raw.decode().rstrip("\n")
             if line.startswith("event:"):
@@ -57,9 +57,17 @@ def events(base, token, into):
             elif line.startswith("data:"):
                 data = json.loads(line[len("data:"):])
                 assert data["kind"] == kind, (data, kind)
+                assert data["seq"] == seq + 1, f"event {data} after seq {seq}: a gap"
+                seq = data["seq"]
                 into.put(data)
 
-    threading.Thread(target=read, daemon=True).start()
+    def guarded():
+        try:
+            read()
+        except Exception as e:  # reported to the waiting test step
+            into.put({"error": repr(e)})
+
+    threading.Thread(target=guarded, daemon=True).start()
 
 
 def next_event(q, handle, kind):
@@ -68,6 +76,8 @@ def next_event(q, handle, kind):
             event = q.get(timeout=TIMEOUT)
         except queue.Empty:
             sys.exit(f"no {kind} event for handle {handle} within {TIMEOUT} s")
+        if "error" in event:
+            sys.exit(f"the event stream failed: {event['error']}")
         if event["handle"] == handle and event["kind"] == kind:
             return event
 

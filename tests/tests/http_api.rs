@@ -2,7 +2,7 @@
 //! and a Python program using only the standard library (tests/http/client.py). Also: bad input
 //! gets a clear 4xx while the node keeps serving, and docs/openapi.json matches the server.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -139,6 +139,34 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
     let taken = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "w", "ttl_ms": 1000, "wait_ms": 5000}));
     assert_eq!(taken.status, 200, "the withdrawn lock kept the key: {taken:?}");
 
+    // Lost-lock events with `curl -N`: a lock left to expire, then its key's next holder is told
+    // `recovered`.
+    let mut stream = Command::new("curl")
+        .args(["-isSN", "--max-time", "60", "-H", &format!("Authorization: Bearer {app}")])
+        .arg(format!("{n1}/v1/events"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("curl -N");
+    let mut lines = std::io::BufReader::new(stream.stdout.take().expect("stdout")).lines();
+    // The status line comes once the node has subscribed the stream (`-i`: headers included).
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    let short = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "x", "ttl_ms": 300, "wait_ms": 5000}));
+    assert_eq!(short.status, 200, "{short:?}");
+    let expired = lines
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| {
+            let data: Value = serde_json::from_str(line.strip_prefix("data:")?).ok()?;
+            (data["handle"] == short.body["handle"]).then_some(data)
+        })
+        .expect("an event for the short lock");
+    assert_eq!((&expired["kind"], &expired["key"]), (&json!("expired"), &json!("x")), "{expired}");
+    let _ = stream.kill();
+    let _ = stream.wait();
+    let after = post(&app, &format!("{n1}/v1/lock"), &json!({"key": "x", "ttl_ms": 1000, "wait_ms": 5000}));
+    assert_eq!((after.status, &after.body["recovered"]), (200, &json!(true)), "{after:?}");
+
     let status = get(&app, &format!("{n2}/v1/status"));
     assert!(status.status == 200 && status.body["id"] == json!(2), "{status:?}");
     let epoch = get(&app, &format!("{n2}/v1/epoch"));
@@ -250,11 +278,11 @@ async fn bad_input_gets_a_clear_4xx_and_the_node_keeps_serving() {
     assert_eq!(refused.status, 401, "{refused:?}");
 }
 
-/// Every `.route("PATH", ...)` in a source file of the HTTP API.
+/// Every `.route("PATH", ...)` in the source files of the HTTP server (node/src/http/).
 fn routes_in_source() -> Vec<String> {
     let mut routes = Vec::new();
-    for file in ["node/src/http/api.rs", "node/src/http/health.rs"] {
-        let text = std::fs::read_to_string(workspace().join(file)).expect("read source");
+    for entry in std::fs::read_dir(workspace().join("node/src/http")).expect("node/src/http") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("read source");
         for piece in text.split(".route(\"").skip(1) {
             routes.push(piece.split('"').next().unwrap_or_default().to_string());
         }
