@@ -59,12 +59,25 @@ impl Files {
 
     /// Adds a file; a secret one gets mode 0600.
     pub fn add(&mut self, path: PathBuf, contents: String, secret: bool) {
-        self.files.push(Staged { path, contents, secret, replace: false });
+        self.stage(Staged { path, contents, secret, replace: false });
     }
 
     /// Adds a file that replaces the one at `path`, if any, even when `commit` may not overwrite.
     pub fn replace(&mut self, path: PathBuf, contents: String) {
-        self.files.push(Staged { path, contents, secret: false, replace: true });
+        self.stage(Staged { path, contents, secret: false, replace: true });
+    }
+
+    /// The contents staged for `path`, if any.
+    pub fn contents(&self, path: &Path) -> Option<&str> {
+        self.files.iter().find(|f| f.path == path).map(|f| f.contents.as_str())
+    }
+
+    /// Stages `file`, in place of what was staged for its path before.
+    fn stage(&mut self, file: Staged) {
+        match self.files.iter_mut().find(|f| f.path == file.path) {
+            Some(staged) => *staged = file,
+            None => self.files.push(file),
+        }
     }
 
     /// Adds `value` as a TOML file.
@@ -180,7 +193,7 @@ pub fn stage_identity(
     files.add(dir.join("key.pem"), issued.key_pem, true);
     if !matches!(role, Role::Node(_)) {
         let path = cluster.join(tokens::TOKENS_FILE);
-        let drawn = tokens::draw(&path, role)?;
+        let drawn = tokens::draw(&path, files.contents(&path), role)?;
         files.add(dir.join(tokens::TOKEN_FILE), format!("{}\n", drawn.token), true);
         files.replace(path, drawn.file);
     }

@@ -70,7 +70,12 @@ impl TokensFile {
             Ok(_) => {}
         }
         let text = std::fs::read_to_string(path).map_err(read)?;
-        toml::from_str(&text)
+        TokensFile::parse(path, &text)
+    }
+
+    /// Parses the text of the tokens file at `path`.
+    fn parse(path: &Path, text: &str) -> Result<TokensFile, TokensError> {
+        toml::from_str(text)
             .map_err(|e| TokensError::Invalid { path: path.to_path_buf(), message: e.to_string() })
     }
 
@@ -108,7 +113,8 @@ pub struct Drawn {
 
 /// Draws a new token for `role` (a client or the operator) and returns it with the new contents of
 /// the tokens file at `tokens` (the identity's earlier hash replaced); the caller writes both.
-pub fn draw(tokens: &Path, role: &Role) -> Result<Drawn, TokensError> {
+/// `current` is the file's text if the caller has a newer one than the disk's (not yet written).
+pub fn draw(tokens: &Path, current: Option<&str>, role: &Role) -> Result<Drawn, TokensError> {
     let name = match role {
         Role::Client(name) => name.as_str(),
         _ => "operator",
@@ -117,7 +123,10 @@ pub fn draw(tokens: &Path, role: &Role) -> Result<Drawn, TokensError> {
     getrandom::fill(&mut secret).map_err(|e| TokensError::Random(e.to_string()))?;
     let token = format!("{name}.{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(secret));
     let identity = role.dns_name();
-    let mut file = TokensFile::load(tokens)?;
+    let mut file = match current {
+        Some(text) => TokensFile::parse(tokens, text)?,
+        None => TokensFile::load(tokens)?,
+    };
     file.tokens.retain(|e| e.identity != identity);
     file.tokens.push(TokenEntry { identity, blake3: blake3::hash(token.as_bytes()).to_hex().to_string() });
     Ok(Drawn { token, file: file.text(tokens)? })
@@ -189,7 +198,7 @@ mod tests {
 
     /// Draws a token and writes the tokens file at once.
     fn issue(path: &Path, role: &Role) -> Result<String, TokensError> {
-        let drawn = draw(path, role)?;
+        let drawn = draw(path, None, role)?;
         std::fs::write(path, drawn.file).expect("write the tokens file");
         Ok(drawn.token)
     }
