@@ -76,8 +76,9 @@ impl Sessions {
         Sessions { next: AtomicU64::new(1), state: std::sync::Mutex::new(SessionState::default()) }
     }
 
-    /// A new connection of `role`, as the core's owner of the handles it locks.
-    fn open(&self, role: Role) -> ClientOwner {
+    /// A new connection of `role` (on either transport), as the core's owner of the handles it
+    /// locks.
+    pub(crate) fn open(&self, role: Role) -> ClientOwner {
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
         let mut state = lock(&self.state);
         let fresh = state.identities.len() as u64 + 1;
@@ -86,8 +87,18 @@ impl Sessions {
         ClientOwner { conn, identity }
     }
 
-    fn close(&self, conn: u64) {
+    pub(crate) fn close(&self, conn: u64) {
         lock(&self.state).conns.remove(&conn);
+    }
+
+    /// The event stream of connection `conn`. A second subscription on one connection replaces
+    /// the first: its stream ends.
+    pub(crate) fn subscribe(&self, conn: u64) -> mpsc::Receiver<ClientEvent> {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        if let Some(c) = lock(&self.state).conns.get_mut(&conn) {
+            c.events = Some(tx);
+        }
+        rx
     }
 
     /// Sends each notice to the owning connection's event stream, if it has one. A full queue
@@ -171,20 +182,20 @@ async fn serve_stream(
     let _ = send.finish();
 }
 
-async fn answer(
+/// Answers one request of connection `owner`, whose identity is `role`, whichever transport it
+/// came on ([`Request::Subscribe`] is the transport's own). Its first poll carries out
+/// everything that needs no waiting (an unlock, or a lock admitted at once).
+pub(crate) async fn answer(
     shared: &Arc<Shared>,
     owner: ClientOwner,
     role: &Role,
     request: Request,
 ) -> Result<Response, ApiError> {
     match request {
-        Request::Lock { key, ttl, wait } => {
-            let handle = crate::runtime::lock_key(shared, &key, ttl, wait, Owner::Client(owner))
-                .await
-                .map_err(lock_error)?;
-            let now = shared.clock.now();
-            let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
-            Ok(Response::Locked(locked(&handle, now, ppm)))
+        Request::Lock { key, ttl, wait } => lock_answer(shared, owner, &key, ttl, wait).await,
+        Request::Relock { handle, note, key, ttl, wait } => {
+            unlock_handle(shared, owner, handle, note)?;
+            lock_answer(shared, owner, &key, ttl, wait).await
         }
         Request::Renew { handle, ttl } => {
             let valid_for = shared.with_core(|d, now| {
@@ -198,10 +209,7 @@ async fn answer(
             Ok(Response::Renewed { valid_for })
         }
         Request::Unlock { handle, note } => {
-            shared.with_core(|d, now| {
-                let h = d.core.claim(handle, owner).map_err(claim_error)?;
-                d.core.unlock(now, h, note).map_err(lock_error)
-            })?;
+            unlock_handle(shared, owner, handle, note)?;
             Ok(Response::Unlocked)
         }
         Request::Check { key, token } => {
@@ -288,6 +296,32 @@ async fn answer(
     }
 }
 
+async fn lock_answer(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    key: &[u8],
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Response, ApiError> {
+    let handle =
+        crate::runtime::lock_key(shared, key, ttl, wait, Owner::Client(owner)).await.map_err(lock_error)?;
+    let now = shared.clock.now();
+    let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
+    Ok(Response::Locked(locked(&handle, now, ppm)))
+}
+
+fn unlock_handle(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    handle: u64,
+    note: Option<Vec<u8>>,
+) -> Result<(), ApiError> {
+    shared.with_core(|d, now| {
+        let h = d.core.claim(handle, owner).map_err(claim_error)?;
+        d.core.unlock(now, h, note).map_err(lock_error)
+    })
+}
+
 fn claim_error(e: ClaimError) -> ApiError {
     match e {
         ClaimError::NotHeld(_) => ApiError::new(ErrorKind::Lost, e.to_string()),
@@ -296,11 +330,7 @@ fn claim_error(e: ClaimError) -> ApiError {
 }
 
 async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) {
-    let (tx, mut rx) = mpsc::channel(EVENT_QUEUE);
-    // A second subscription on one connection replaces the first: its stream ends.
-    if let Some(c) = lock(&shared.api.state).conns.get_mut(&conn) {
-        c.events = Some(tx);
-    }
+    let mut rx = shared.api.subscribe(conn);
     loop {
         tokio::select! {
             event = rx.recv() => match event {

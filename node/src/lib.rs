@@ -2,7 +2,8 @@
 //!
 //! - [`runtime`]: the node process ([`Node`]): QUIC links, persistence, timers.
 //! - [`core`]: the three protocol state machines of one node and the glue between them.
-//! - [`api`]: the client API, server side; [`client`]: the Rust client.
+//! - [`api`]: the client API, server side (QUIC); [`local`]: the same on a Unix socket;
+//!   [`client`]: the Rust client (either transport).
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
@@ -16,6 +17,7 @@ pub mod clock;
 pub mod config;
 pub mod core;
 pub mod embedded;
+pub mod local;
 pub mod peers;
 pub mod pki;
 pub mod runtime;

@@ -286,7 +286,22 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // `keyhome run` sizes its runtime by the node's `worker_threads` (0: tokio's default).
+    let workers = match &cli.command {
+        Command::Run { config } => match NodeConfig::load(config) {
+            Ok(config) => config.worker_threads,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => 0,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -437,7 +452,14 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
     match (&role, args.addr) {
         (Role::Node(id), Some(addr)) => {
             let listen = addr.parse().map_err(|_| format!("{addr:?} is not HOST:PORT with an IP address"))?;
-            let path = setup::write_node_config(&args.dir, *id, listen, false, LockSettings::default())?;
+            let path = setup::write_node_config(
+                &args.dir,
+                *id,
+                listen,
+                false,
+                LockSettings::default(),
+                setup::HostSettings::default(),
+            )?;
             println!("wrote {}; start it with: keyhome run --config {}", path.display(), path.display());
         }
         (Role::Operator | Role::Client(_), Some(target)) => {
@@ -446,7 +468,7 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
                 .addr
                 .parse()
                 .map_err(|_| format!("{:?} is not an IP address and port", member.addr))?;
-            let path = setup::write_profile(&args.dir, &role, member.id, addr)?;
+            let path = setup::write_profile(&args.dir, &role, member.id, addr, None)?;
             println!("wrote {}; use it with --profile {}", path.display(), path.display());
         }
         _ => {}

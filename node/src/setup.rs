@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 use keyhome_epoch::{NodeId, Timing};
 
-use crate::config::{ClientProfile, ConfigError, GenesisFile, LockSettings, NodeConfig, write_toml};
+use crate::config::{
+    ClientProfile, ConfigError, GenesisFile, LocalAllow, LocalRole, LocalSettings, LockSettings, NodeConfig,
+    write_toml,
+};
 use crate::pki::{self, CaKeyPair, PkiError, Role};
 
 /// Why a set-up step failed.
@@ -87,6 +90,15 @@ pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, Set
     Ok(dir)
 }
 
+/// How a node shares its host, for [`write_node_config`].
+#[derive(Clone, Debug, Default)]
+pub struct HostSettings {
+    /// The local client socket, if any ([`NodeConfig::local`]).
+    pub local: Option<LocalSettings>,
+    /// [`NodeConfig::worker_threads`].
+    pub worker_threads: usize,
+}
+
 /// Writes `node.toml` for node `id` listening on `listen`, next to its certificate; with
 /// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]).
 pub fn write_node_config(
@@ -95,6 +107,7 @@ pub fn write_node_config(
     listen: SocketAddr,
     behind_relay: bool,
     locks: LockSettings,
+    host: HostSettings,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, &Role::Node(id));
     let config = NodeConfig {
@@ -108,18 +121,22 @@ pub fn write_node_config(
         key: "key.pem".into(),
         genesis: "../genesis.toml".into(),
         locks,
+        local: host.local,
+        worker_threads: host.worker_threads,
     };
     let path = dir.join("node.toml");
     write_toml(&path, &config)?;
     Ok(path)
 }
 
-/// Writes `profile.toml` for an operator or client identity, pointing at node `node`.
+/// Writes `profile.toml` for an operator or client identity, pointing at node `node` (and its
+/// local socket `socket`, relative to the cluster directory, if given).
 pub fn write_profile(
     cluster: &Path,
     role: &Role,
     node: NodeId,
     addr: SocketAddr,
+    socket: Option<&Path>,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, role);
     let profile = ClientProfile {
@@ -128,6 +145,7 @@ pub fn write_profile(
         ca: "../ca.pem".into(),
         cert: "cert.pem".into(),
         key: "key.pem".into(),
+        socket: socket.map(|s| Path::new("..").join(s)),
     };
     let path = dir.join("profile.toml");
     write_toml(&path, &profile)?;
@@ -137,6 +155,10 @@ pub fn write_profile(
 /// Lays out a complete local cluster of `nodes` nodes on 127.0.0.1 from `base_port`: CA, genesis,
 /// node certificates and configurations, an operator and a client (`app`) identity with profiles
 /// pointing at node 1. Returns the node configuration paths.
+///
+/// The nodes share this host: each gets [`LOCAL_SOCKET`] in its directory, which this user's
+/// processes reach as the client `app` (the `app` profile names node 1's), and an equal share of
+/// the cores as worker threads ([`shared_host_workers`]).
 pub fn dev_cluster(
     cluster: &Path,
     nodes: u64,
@@ -164,14 +186,36 @@ pub fn local_cluster(
     init(cluster, &members, timing)?;
     let ca = load_ca(cluster)?;
     let mut configs = Vec::new();
+    let app = LocalAllow {
+        uid: Some(rustix::process::getuid().as_raw()),
+        gid: None,
+        role: LocalRole::Client,
+        name: Some("app".into()),
+    };
     for i in 1..=nodes {
         issue(cluster, &ca, &Role::Node(NodeId(i)))?;
         let relayed = listen(i) != advertised(i);
-        configs.push(write_node_config(cluster, NodeId(i), listen(i), relayed, locks.clone())?);
+        let host = HostSettings {
+            local: Some(LocalSettings::new(LOCAL_SOCKET.into(), vec![app.clone()])),
+            worker_threads: shared_host_workers(nodes),
+        };
+        configs.push(write_node_config(cluster, NodeId(i), listen(i), relayed, locks.clone(), host)?);
     }
-    for role in [Role::Operator, Role::Client("app".into())] {
-        issue(cluster, &ca, &role)?;
-        write_profile(cluster, &role, NodeId(1), listen(1))?;
-    }
+    let node_1_socket = identity_dir(Path::new(""), &Role::Node(NodeId(1))).join(LOCAL_SOCKET);
+    issue(cluster, &ca, &Role::Operator)?;
+    write_profile(cluster, &Role::Operator, NodeId(1), listen(1), None)?;
+    let app = Role::Client("app".into());
+    issue(cluster, &ca, &app)?;
+    write_profile(cluster, &app, NodeId(1), listen(1), Some(&node_1_socket))?;
     Ok(configs)
+}
+
+/// The local socket's file name in a node's directory, as [`local_cluster`] lays it out.
+pub const LOCAL_SOCKET: &str = "node.sock";
+
+/// Worker threads for each of `nodes` nodes sharing this host: an equal share of its cores, at
+/// least one.
+pub fn shared_host_workers(nodes: u64) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX)).max(1)
 }
