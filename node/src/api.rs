@@ -1,5 +1,6 @@
 //! The client API, server side: requests from applications and operators on ALPN
-//! `keyhome-client/1`, one bidirectional stream per request.
+//! `keyhome-client/1`, one bidirectional stream per request. [`answer`] serves both this and the
+//! local socket ([`crate::local`]), whose connections are sessions here too.
 //!
 //! # Sessions
 //!

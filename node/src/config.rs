@@ -431,6 +431,36 @@ mod tests {
     }
 
     #[test]
+    fn local_peers_map_by_uid_then_gid_and_only_as_configured() {
+        use crate::pki::Role;
+        let entry =
+            |uid, gid, role, name: Option<&str>| LocalAllow { uid, gid, role, name: name.map(Into::into) };
+        let mut local = LocalSettings::new("s".into(), Vec::new());
+        assert_eq!(local.role_of(7, 7, 7), Some(Role::Operator), "no entries: the node's own uid");
+        assert_eq!(local.role_of(8, 7, 7), None);
+        local.allow = vec![
+            entry(None, Some(50), LocalRole::Client, Some("team")),
+            entry(Some(1000), None, LocalRole::Client, Some("app")),
+            entry(Some(0), None, LocalRole::Operator, None),
+        ];
+        assert!(local.check().is_ok());
+        assert_eq!(local.role_of(1000, 50, 7), Some(Role::Client("app".into())), "the uid entry wins");
+        assert_eq!(local.role_of(1001, 50, 7), Some(Role::Client("team".into())));
+        assert_eq!(local.role_of(0, 0, 0), Some(Role::Operator));
+        assert_eq!(local.role_of(7, 7, 7), None, "with entries, the node's uid needs one too");
+        for bad in [
+            entry(Some(1), Some(1), LocalRole::Operator, None),
+            entry(None, None, LocalRole::Operator, None),
+            entry(Some(1), None, LocalRole::Client, None),
+            entry(Some(1), None, LocalRole::Operator, Some("x")),
+            entry(Some(1), None, LocalRole::Client, Some("Not Valid")),
+        ] {
+            local.allow = vec![bad.clone()];
+            assert!(local.check().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
     fn a_node_listens_where_its_epoch_places_it() {
         let members = vec![Member { id: NodeId(1), addr: "127.0.0.1:7100".into() }];
         let epoch = EpochRecord::genesis(members, Timing::DEFAULT).unwrap();
