@@ -310,3 +310,24 @@ async fn sessions_and_lost_lock_events_work_as_on_quic() {
     assert!(valid_for > Duration::ZERO && sent.elapsed() < TTL);
     again.unlock(serial, None).await.expect("and unlocks it");
 }
+
+/// `worker_threads` in `node.toml` sizes `keyhome run`'s runtime: the harness, like `keyhome dev`,
+/// gives each of the nodes sharing this host an equal share of its cores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_sharing_a_host_run_their_share_of_worker_threads() {
+    let cluster = started().await;
+    let workers = keyhome::setup::shared_host_workers(cluster.options.nodes);
+    for id in cluster.ids() {
+        let config = NodeConfig::load(&cluster.node_config(id)).expect("node.toml");
+        assert_eq!(config.worker_threads, workers);
+        let pid = cluster.pid(id).expect("running");
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the node's threads");
+        let runtime_workers = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            // tokio names its workers `tokio-rt-worker` (older versions `tokio-runtime-worker`,
+            // which `comm` cuts to 15 characters).
+            .filter(|name| name.starts_with("tokio-rt-worker") || name.starts_with("tokio-runtime-w"))
+            .count();
+        assert_eq!(runtime_workers, workers, "node {id}");
+    }
+}
