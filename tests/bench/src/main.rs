@@ -103,10 +103,22 @@ type Token = (u64, u64, u64, u64);
 
 /// One client connection of a system.
 enum Conn {
-    Keyhome { client: Client, pipelined: bool },
-    Etcd { client: etcd_client::Client, lease: i64 },
+    Keyhome {
+        client: Client,
+        pipelined: bool,
+    },
+    /// Boxed: the etcd client is some 3.5 KB.
+    Etcd {
+        client: Box<etcd_client::Client>,
+        lease: i64,
+    },
     Zookeeper(zookeeper_client::Client),
-    Redis { conn: redis::aio::MultiplexedConnection, release: redis::Script, next: u64, me: usize },
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        release: redis::Script,
+        next: u64,
+        me: usize,
+    },
 }
 
 /// A lock held through a [`Conn`].
@@ -131,7 +143,7 @@ impl Conn {
                 let mut client =
                     etcd_client::Client::connect([&endpoints[i % endpoints.len()]], None).await?;
                 let lease = client.lease_grant(60, None).await?.id();
-                Conn::Etcd { client, lease }
+                Conn::Etcd { client: Box::new(client), lease }
             }
             System::Zookeeper(servers) => {
                 Conn::Zookeeper(zookeeper_client::Client::connect(&servers[i % servers.len()]).await?)
