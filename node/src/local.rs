@@ -138,7 +138,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
                 continue;
             }
         };
-        let refusal = match (stream.peer_cred(), Arc::clone(&connections).try_acquire_owned()) {
+        let admission = match (stream.peer_cred(), Arc::clone(&connections).try_acquire_owned()) {
             (Err(e), _) => Err(format!("cannot read the peer's credentials: {e}")),
             (Ok(_), Err(_)) => Err(format!(
                 "too many local connections (at most {}); close one and retry",
@@ -154,7 +154,7 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
                 )),
             },
         };
-        match refusal {
+        match admission {
             Ok((role, permit)) => {
                 let max_in_flight = listener.settings.max_in_flight;
                 let shared = Arc::clone(&shared);
