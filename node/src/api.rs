@@ -1,5 +1,6 @@
 //! The client API, server side: requests from applications and operators on ALPN
-//! `keyhome-client/1`, one bidirectional stream per request.
+//! `keyhome-client/1`, one bidirectional stream per request. [`answer`] serves both this and the
+//! local socket ([`crate::local`]), whose connections are sessions here too.
 //!
 //! # Sessions
 //!
@@ -76,7 +77,8 @@ impl Sessions {
         Sessions { next: AtomicU64::new(1), state: std::sync::Mutex::new(SessionState::default()) }
     }
 
-    /// A new connection of `role`, as the core's owner of the handles it locks.
+    /// A new connection of `role` (on either transport), as the core's owner of the handles it
+    /// locks.
     pub(crate) fn open(&self, role: Role) -> ClientOwner {
         let conn = self.next.fetch_add(1, Ordering::Relaxed);
         let mut state = lock(&self.state);
@@ -91,12 +93,12 @@ impl Sessions {
         lock(&self.state).conns.len()
     }
 
-    fn close(&self, conn: u64) {
+    pub(crate) fn close(&self, conn: u64) {
         lock(&self.state).conns.remove(&conn);
     }
 
-    /// The event stream of connection `conn` from now on. A second subscription of one
-    /// connection replaces the first: its stream ends.
+    /// The event stream of connection `conn`. A second subscription on one connection replaces
+    /// the first: its stream ends.
     pub(crate) fn subscribe(&self, conn: u64) -> mpsc::Receiver<ClientEvent> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         if let Some(c) = lock(&self.state).conns.get_mut(&conn) {
@@ -186,8 +188,10 @@ async fn serve_stream(
     let _ = send.finish();
 }
 
-/// Answers one request of `owner`, a connection of identity `role` (the HTTP API answers
-/// through here too). [`Request::Subscribe`] is refused: it is no single answer.
+/// Answers one request of connection `owner`, whose identity is `role`, whichever transport it
+/// came on (QUIC, the local socket, or the HTTP API). [`Request::Subscribe`] is the transport's
+/// own. Its first poll carries out everything that needs no waiting (an unlock, or a lock
+/// admitted at once).
 pub(crate) async fn answer(
     shared: &Arc<Shared>,
     owner: ClientOwner,
@@ -197,12 +201,12 @@ pub(crate) async fn answer(
     match request {
         Request::Lock { key, ttl, wait } => {
             check_key(shared, &key)?;
-            let handle = crate::runtime::lock_key(shared, &key, ttl, wait, Owner::Client(owner))
-                .await
-                .map_err(lock_error)?;
-            let now = shared.clock.now();
-            let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
-            Ok(Response::Locked(locked(&handle, now, ppm)))
+            lock_answer(shared, owner, &key, ttl, wait).await
+        }
+        Request::Relock { handle, note, key, ttl, wait } => {
+            check_key(shared, &key)?;
+            unlock_handle(shared, owner, handle, note)?;
+            lock_answer(shared, owner, &key, ttl, wait).await
         }
         Request::Renew { handle, ttl } => {
             let valid_for = shared.with_core(|d, now| {
@@ -216,10 +220,7 @@ pub(crate) async fn answer(
             Ok(Response::Renewed { valid_for })
         }
         Request::Unlock { handle, note } => {
-            shared.with_core(|d, now| {
-                let h = d.core.claim(handle, owner).map_err(claim_error)?;
-                d.core.unlock(now, h, note).map_err(lock_error)
-            })?;
+            unlock_handle(shared, owner, handle, note)?;
             Ok(Response::Unlocked)
         }
         Request::Check { key, token } => {
@@ -322,6 +323,32 @@ fn check_key(shared: &Arc<Shared>, key: &[u8]) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+async fn lock_answer(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    key: &[u8],
+    ttl: Duration,
+    wait: Duration,
+) -> Result<Response, ApiError> {
+    let handle =
+        crate::runtime::lock_key(shared, key, ttl, wait, Owner::Client(owner)).await.map_err(lock_error)?;
+    let now = shared.clock.now();
+    let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
+    Ok(Response::Locked(locked(&handle, now, ppm)))
+}
+
+fn unlock_handle(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    handle: u64,
+    note: Option<Vec<u8>>,
+) -> Result<(), ApiError> {
+    shared.with_core(|d, now| {
+        let h = d.core.claim(handle, owner).map_err(claim_error)?;
+        d.core.unlock(now, h, note).map_err(lock_error)
+    })
 }
 
 fn claim_error(e: ClaimError) -> ApiError {

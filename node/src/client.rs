@@ -1,5 +1,7 @@
 //! The Rust client: talks to a node's client API over QUIC with a client (or operator)
-//! certificate.
+//! certificate, or, on the node's host, over its local Unix socket ([`crate::local`]), where the
+//! node knows the caller by its uid. [`Client::connect`] takes the socket when the profile names
+//! one that exists.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), keyhome::client::ClientError> {
@@ -20,6 +22,12 @@
 //! membership change the node's [`PROPOSE_TIMEOUT`] plus that timeout. A call that timed out
 //! resets its stream, which withdraws a pending lock.
 //!
+//! # Pipelining
+//!
+//! On the local socket, [`ClientLock::unlock_nowait`] sends the unlock without waiting for its
+//! answer: the next request on the connection sees its effect. [`ClientLock::relock`] unlocks
+//! and locks again in one round trip (on either transport).
+//!
 //! # Deadlines
 //!
 //! A lock is valid until [`ClientLock::deadline`]: the instant this client *sent* the lock (or
@@ -27,7 +35,11 @@
 //! [`BootClock`] (which keeps counting through a suspend). The node counts `valid_for` from
 //! its answer, which comes later, so this deadline never lies after the node's.
 
+mod local;
+
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{CheckAnswer, FencingToken};
@@ -40,7 +52,8 @@ use crate::duration::Human;
 use crate::pki::{self, Identity, PkiError, Role};
 use crate::status::Status;
 use crate::wire::{
-    self, ApiError, ClientEvent, ErrorKind, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request, Response,
+    self, ApiError, ClientEvent, ErrorKind, LocalHello, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request,
+    Response,
 };
 
 /// How long a call waits for its answer unless [`Client::with_timeout`] says otherwise (a lock
@@ -65,6 +78,10 @@ pub enum ClientError {
          client or operator certificate (keyhome certs issue --dir DIR --client NAME, or --operator)"
     )]
     NodeCertificate(Role),
+    #[error("cannot connect to the node's local socket {path}: {reason}")]
+    LocalConnect { path: PathBuf, reason: String },
+    #[error("the local connection to the node ended: {0}")]
+    Closed(String),
     #[error("the connection to the node failed: {0}")]
     Connection(#[from] quinn::ConnectionError),
     #[error("talking to the node failed: {0}")]
@@ -92,18 +109,30 @@ impl ClientError {
 /// A connection to one node's client API. Cheap to clone; clones share the connection.
 #[derive(Clone)]
 pub struct Client {
-    conn: quinn::Connection,
-    _endpoint: quinn::Endpoint,
+    transport: Transport,
     /// The clock lock deadlines are counted on.
     clock: BootClock,
     /// How long a call waits for its answer (beyond a lock's `wait`).
     timeout: Duration,
 }
 
+/// How a [`Client`] reaches its node.
+#[derive(Clone)]
+enum Transport {
+    Quic { conn: quinn::Connection, _endpoint: quinn::Endpoint },
+    Local(Arc<local::LocalConn>),
+}
+
 impl Client {
-    /// Connects with the files a profile names, to the first address its `addr` resolves to
-    /// that answers (a name is resolved now; see [`crate::addr`]).
+    /// Connects with the files a profile names: through its local socket when it names one
+    /// that exists, else over QUIC, to the first address its `addr` resolves to that answers (a
+    /// name is resolved now; see [`crate::addr`]).
     pub async fn connect(profile: &ClientProfile) -> Result<Client, ClientError> {
+        if let Some(socket) = &profile.socket
+            && std::fs::symlink_metadata(socket).is_ok()
+        {
+            return Client::connect_local(socket).await;
+        }
         let identity = Identity::load(&profile.cert, &profile.key)?;
         let ca = pki::load_ca(&profile.ca)?;
         let node = NodeId(profile.node);
@@ -139,7 +168,26 @@ impl Client {
             addr,
             reason: explain(node, addr, &e.to_string()),
         })?;
-        Ok(Client { conn, _endpoint: endpoint, clock: BootClock::new(), timeout: DEFAULT_TIMEOUT })
+        Ok(Client::over(Transport::Quic { conn, _endpoint: endpoint }))
+    }
+
+    /// Connects to the node's local socket at `socket`; the node identifies this process by its
+    /// uid (or gid), as its `[[local.allow]]` entries map them.
+    pub async fn connect_local(socket: &Path) -> Result<Client, ClientError> {
+        let conn = local::LocalConn::connect(socket, DEFAULT_TIMEOUT).await?;
+        Ok(Client::over(Transport::Local(Arc::new(conn))))
+    }
+
+    fn over(transport: Transport) -> Client {
+        Client { transport, clock: BootClock::new(), timeout: DEFAULT_TIMEOUT }
+    }
+
+    /// On the local socket: the node's id and the identity it took this process for.
+    pub fn local_identity(&self) -> Option<&LocalHello> {
+        match &self.transport {
+            Transport::Local(conn) => Some(&conn.hello),
+            Transport::Quic { .. } => None,
+        }
     }
 
     /// Checks that node `node` answers at one of `addrs` (tried in turn) within `timeout` each:
@@ -190,24 +238,62 @@ impl Client {
 
     /// Whether the connection to the node has ended (every further call fails).
     pub fn is_closed(&self) -> bool {
-        self.conn.close_reason().is_some()
+        match &self.transport {
+            Transport::Quic { conn, .. } => conn.close_reason().is_some(),
+            Transport::Local(conn) => conn.is_closed(),
+        }
     }
 
     /// Sends `request` and reads its answer, giving up after `timeout`.
-    async fn call(&self, request: &Request, timeout: Duration) -> Result<Response, ClientError> {
+    async fn call(&self, request: Request, timeout: Duration) -> Result<Response, ClientError> {
+        let name = request.name();
         let exchange = async {
-            let (mut send, mut recv) = self.conn.open_bi().await?;
-            wire::write_frame(&mut send, request, MAX_CLIENT_FRAME).await?;
-            let _ = send.finish();
-            match wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME).await? {
-                Some(Response::Error(e)) => Err(ClientError::Api(e)),
-                Some(response) => Ok(response),
-                None => Err(ClientError::NoAnswer),
+            let response = match &self.transport {
+                Transport::Quic { conn, .. } => {
+                    let (mut send, mut recv) = conn.open_bi().await?;
+                    wire::write_frame(&mut send, &request, MAX_CLIENT_FRAME).await?;
+                    let _ = send.finish();
+                    wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME)
+                        .await?
+                        .ok_or(ClientError::NoAnswer)?
+                }
+                Transport::Local(conn) => conn.call(request).await?,
+            };
+            match response {
+                Response::Error(e) => Err(ClientError::Api(e)),
+                response => Ok(response),
             }
         };
         tokio::time::timeout(timeout, exchange)
             .await
-            .map_err(|_| ClientError::TimedOut { request: request.name(), after: timeout })?
+            .map_err(|_| ClientError::TimedOut { request: name, after: timeout })?
+    }
+
+    /// Sends `request` without waiting for its answer. On the local socket the next request
+    /// sees its effect; over QUIC it goes on its own stream in the background, unordered.
+    async fn send(&self, request: Request) -> Result<(), ClientError> {
+        match &self.transport {
+            Transport::Local(conn) => conn.send(request).await,
+            Transport::Quic { .. } => {
+                let client = self.clone();
+                tokio::spawn(async move {
+                    let timeout = client.timeout;
+                    let _ = client.call(request, timeout).await;
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// A lock answer to a request sent at `sent`, as a guard.
+    fn admitted(&self, response: Response, sent: Instant) -> Result<ClientLock, ClientError> {
+        match response {
+            Response::Locked(info) => {
+                let deadline = sent + info.valid_for;
+                Ok(ClientLock { client: self.clone(), info, deadline, done: false })
+            }
+            _ => Err(ClientError::Unexpected),
+        }
     }
 
     /// Locks `key` for `ttl`, waiting at most `wait` (and the client's timeout on top for the
@@ -215,13 +301,8 @@ impl Client {
     pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<ClientLock, ClientError> {
         let sent = self.clock.now();
         let request = Request::Lock { key: key.to_vec(), ttl, wait };
-        match self.call(&request, wait.saturating_add(self.timeout)).await? {
-            Response::Locked(info) => {
-                let deadline = sent + info.valid_for;
-                Ok(ClientLock { client: self.clone(), info, deadline, done: false })
-            }
-            _ => Err(ClientError::Unexpected),
-        }
+        let response = self.call(request, wait.saturating_add(self.timeout)).await?;
+        self.admitted(response, sent)
     }
 
     /// Locks `key` only if the node can admit it at once.
@@ -232,7 +313,7 @@ impl Client {
     /// Extends handle `handle` to `ttl` from now; returns how long it is valid from the node's
     /// answer (count it from the send instant: see [`ClientLock::renew`]).
     pub async fn renew(&self, handle: u64, ttl: Duration) -> Result<Duration, ClientError> {
-        match self.call(&Request::Renew { handle, ttl }, self.timeout).await? {
+        match self.call(Request::Renew { handle, ttl }, self.timeout).await? {
             Response::Renewed { valid_for } => Ok(valid_for),
             _ => Err(ClientError::Unexpected),
         }
@@ -240,7 +321,7 @@ impl Client {
 
     /// Ends handle `handle`, leaving `note` for the next holder.
     pub async fn unlock(&self, handle: u64, note: Option<Vec<u8>>) -> Result<(), ClientError> {
-        match self.call(&Request::Unlock { handle, note }, self.timeout).await? {
+        match self.call(Request::Unlock { handle, note }, self.timeout).await? {
             Response::Unlocked => Ok(()),
             _ => Err(ClientError::Unexpected),
         }
@@ -249,21 +330,21 @@ impl Client {
     /// Whether `key` is held with `token` now, and if not, whether it was superseded (see
     /// [`CheckAnswer`]).
     pub async fn check(&self, key: &[u8], token: FencingToken) -> Result<CheckAnswer, ClientError> {
-        match self.call(&Request::Check { key: key.to_vec(), token }, self.timeout).await? {
+        match self.call(Request::Check { key: key.to_vec(), token }, self.timeout).await? {
             Response::Checked { answer } => Ok(answer),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     pub async fn status(&self) -> Result<Status, ClientError> {
-        match self.call(&Request::Status, self.timeout).await? {
+        match self.call(Request::Status, self.timeout).await? {
             Response::Status(status) => Ok(*status),
             _ => Err(ClientError::Unexpected),
         }
     }
 
     pub async fn epoch(&self) -> Result<EpochRecord, ClientError> {
-        match self.call(&Request::EpochShow, self.timeout).await? {
+        match self.call(Request::EpochShow, self.timeout).await? {
             Response::Epoch(record) => Ok(*record),
             _ => Err(ClientError::Unexpected),
         }
@@ -271,7 +352,7 @@ impl Client {
 
     /// Proposes a membership change (operator certificate); returns the epoch that includes it.
     pub async fn propose(&self, change: Change) -> Result<u64, ClientError> {
-        match self.call(&Request::Propose(change), PROPOSE_TIMEOUT.saturating_add(self.timeout)).await? {
+        match self.call(Request::Propose(change), PROPOSE_TIMEOUT.saturating_add(self.timeout)).await? {
             Response::Proposed { epoch } => Ok(epoch),
             _ => Err(ClientError::Unexpected),
         }
@@ -285,7 +366,7 @@ impl Client {
         stopped: Vec<NodeId>,
         skip: u64,
     ) -> Result<u64, ClientError> {
-        match self.call(&Request::RecoverUnsafe { members, stopped, skip }, self.timeout).await? {
+        match self.call(Request::RecoverUnsafe { members, stopped, skip }, self.timeout).await? {
             Response::Proposed { epoch } => Ok(epoch),
             _ => Err(ClientError::Unexpected),
         }
@@ -294,9 +375,14 @@ impl Client {
     /// Lost-handle events for the handles of this connection.
     pub async fn events(&self) -> Result<Events, ClientError> {
         let open = async {
-            let (mut send, recv) = self.conn.open_bi().await?;
-            wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
-            Ok(Events { _send: send, recv })
+            match &self.transport {
+                Transport::Quic { conn, .. } => {
+                    let (mut send, recv) = conn.open_bi().await?;
+                    wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
+                    Ok(Events(EventSource::Quic { _send: send, recv }))
+                }
+                Transport::Local(conn) => Ok(Events(EventSource::Local(conn.subscribe().await?))),
+            }
         };
         tokio::time::timeout(self.timeout, open)
             .await
@@ -361,15 +447,20 @@ async fn confirmed(conn: &quinn::Connection) -> Result<(), quinn::ConnectionErro
 }
 
 /// A stream of [`ClientEvent`]s.
-pub struct Events {
-    _send: quinn::SendStream,
-    recv: quinn::RecvStream,
+pub struct Events(EventSource);
+
+enum EventSource {
+    Quic { _send: quinn::SendStream, recv: quinn::RecvStream },
+    Local(tokio::sync::mpsc::Receiver<ClientEvent>),
 }
 
 impl Events {
     /// The next event; `None` once the connection ends.
     pub async fn next(&mut self) -> Option<ClientEvent> {
-        wire::read_frame(&mut self.recv, MAX_CLIENT_FRAME).await.ok().flatten()
+        match &mut self.0 {
+            EventSource::Quic { recv, .. } => wire::read_frame(recv, MAX_CLIENT_FRAME).await.ok().flatten(),
+            EventSource::Local(rx) => rx.recv().await,
+        }
     }
 }
 
@@ -433,6 +524,32 @@ impl ClientLock {
     pub async fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), ClientError> {
         self.done = true;
         self.client.unlock(self.info.handle, note).await
+    }
+
+    /// Unlocks without waiting for the node's answer (its errors are not seen). On the local
+    /// socket the next request on the connection sees the key unlocked; over QUIC the unlock
+    /// goes in the background.
+    pub async fn unlock_nowait(mut self, note: Option<Vec<u8>>) -> Result<(), ClientError> {
+        self.done = true;
+        self.client.send(Request::Unlock { handle: self.info.handle, note }).await
+    }
+
+    /// Unlocks (leaving `note`) and locks `key` as [`Client::lock`] does, in one round trip.
+    /// If the unlock fails, nothing is locked. The guard is used up either way (after a failed
+    /// call the old handle may still hold its key until its deadline).
+    pub async fn relock(
+        mut self,
+        note: Option<Vec<u8>>,
+        key: &[u8],
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<ClientLock, ClientError> {
+        self.done = true;
+        let client = self.client.clone();
+        let sent = client.clock.now();
+        let request = Request::Relock { handle: self.info.handle, note, key: key.to_vec(), ttl, wait };
+        let response = client.call(request, wait.saturating_add(client.timeout)).await?;
+        client.admitted(response, sent)
     }
 
     /// Keeps the lock held after the guard is gone (until its ttl, or an explicit unlock by

@@ -97,6 +97,132 @@ pub struct NodeConfig {
     /// The HTTP/JSON API (docs/api.md, "HTTP API"): off unless this table is present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http: Option<HttpConfig>,
+    /// The client API on a Unix domain socket, for applications on this host (`[local]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalSettings>,
+    /// Worker threads of the node's runtime (`keyhome run`); 0: one per core (tokio's
+    /// default). Nodes that share a host should split its cores between them. [0]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub worker_threads: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// The local client socket (`[local]` in `node.toml`): who may connect is decided by the
+/// socket file's mode and then by the peer's credentials (`SO_PEERCRED`), which [`LocalSettings::allow`]
+/// maps to a client or operator identity. A peer no entry maps is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalSettings {
+    /// Path of the socket file (relative: to `node.toml`'s directory). A stale socket there is
+    /// replaced; a live one (another process answers on it) stops the node from starting.
+    pub socket: PathBuf,
+    /// Permission bits of the socket file; connecting needs write permission. [0o660]
+    #[serde(default = "LocalSettings::default_mode")]
+    pub mode: u32,
+    /// Most connections open at once; further ones are refused. [1024]
+    #[serde(default = "LocalSettings::default_max_connections")]
+    pub max_connections: usize,
+    /// Most requests of one connection in progress at once; further ones are answered
+    /// `Unavailable` at once. [256]
+    #[serde(default = "LocalSettings::default_max_in_flight")]
+    pub max_in_flight: usize,
+    /// Who may connect (`[[local.allow]]`): an entry for the peer's uid wins over one for its
+    /// gid. Empty: only the node's own uid, as the operator (a process of that uid can read the
+    /// node's key anyway).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<LocalAllow>,
+}
+
+impl LocalSettings {
+    fn default_mode() -> u32 {
+        0o660
+    }
+    fn default_max_connections() -> usize {
+        1024
+    }
+    fn default_max_in_flight() -> usize {
+        256
+    }
+
+    /// The socket at `socket`, default limits, and `allow`.
+    pub fn new(socket: PathBuf, allow: Vec<LocalAllow>) -> LocalSettings {
+        LocalSettings {
+            socket,
+            mode: LocalSettings::default_mode(),
+            max_connections: LocalSettings::default_max_connections(),
+            max_in_flight: LocalSettings::default_max_in_flight(),
+            allow,
+        }
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.mode > 0o777 {
+            return Err(format!("local.mode {:#o} is not a set of permission bits", self.mode));
+        }
+        if self.max_connections == 0 || self.max_in_flight == 0 {
+            return Err("local.max_connections and local.max_in_flight must be at least 1".into());
+        }
+        self.allow.iter().try_for_each(LocalAllow::check)
+    }
+
+    /// The identity of a peer with `uid` and `gid`, for a node running as `own_uid`.
+    pub fn role_of(&self, uid: u32, gid: u32, own_uid: u32) -> Option<crate::pki::Role> {
+        if self.allow.is_empty() {
+            return (uid == own_uid).then_some(crate::pki::Role::Operator);
+        }
+        let by_uid = self.allow.iter().find(|a| a.uid == Some(uid));
+        let by_gid = || self.allow.iter().find(|a| a.uid.is_none() && a.gid == Some(gid));
+        by_uid.or_else(by_gid).map(LocalAllow::role)
+    }
+}
+
+/// One `[[local.allow]]` entry: peers of this uid (or, without `uid`, of this gid) act as
+/// `role` (`client`, with `name`, or `operator`), exactly as a certificate of that role does on
+/// QUIC (a handle passes between connections of one identity, whichever transport).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LocalAllow {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    pub role: LocalRole,
+    /// The client name (`role = "client"` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LocalRole {
+    Client,
+    Operator,
+}
+
+impl LocalAllow {
+    fn check(&self) -> Result<(), String> {
+        if self.uid.is_some() == self.gid.is_some() {
+            return Err("each [[local.allow]] entry names exactly one of uid and gid".into());
+        }
+        match (self.role, &self.name) {
+            (LocalRole::Client, Some(_)) | (LocalRole::Operator, None) => {}
+            (LocalRole::Client, None) => return Err("a client [[local.allow]] entry needs a name".into()),
+            (LocalRole::Operator, Some(_)) => {
+                return Err("an operator [[local.allow]] entry has no name".into());
+            }
+        }
+        self.role().validate().map_err(|e| e.to_string())
+    }
+
+    pub fn role(&self) -> crate::pki::Role {
+        match (self.role, &self.name) {
+            (LocalRole::Client, Some(name)) => crate::pki::Role::Client(name.clone()),
+            _ => crate::pki::Role::Operator,
+        }
+    }
 }
 
 /// The `[http]` table of `node.toml`: where the HTTP/JSON API listens and whom it lets in.
@@ -183,6 +309,10 @@ impl NodeConfig {
                     message: "[http] needs `listen` (a TCP address), `unix` (a socket path) or both".into(),
                 });
             }
+        }
+        if let Some(local) = &mut config.local {
+            local.socket = resolve(&base, &local.socket);
+            local.check().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         }
         Ok(config)
     }
@@ -301,6 +431,10 @@ pub struct ClientProfile {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// The node's local socket ([`LocalSettings::socket`]): when the file exists, the client
+    /// talks to the node through it (identified by its uid, not the certificate), else over QUIC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<PathBuf>,
 }
 
 impl ClientProfile {
@@ -311,7 +445,9 @@ impl ClientProfile {
             message: format!("addr: {message}"),
         })?;
         let base = dir_of(path);
-        for p in [&mut profile.ca, &mut profile.cert, &mut profile.key] {
+        for p in
+            [&mut profile.ca, &mut profile.cert, &mut profile.key].into_iter().chain(profile.socket.as_mut())
+        {
             *p = resolve(&base, p);
         }
         Ok(profile)
@@ -321,6 +457,36 @@ impl ClientProfile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_peers_map_by_uid_then_gid_and_only_as_configured() {
+        use crate::pki::Role;
+        let entry =
+            |uid, gid, role, name: Option<&str>| LocalAllow { uid, gid, role, name: name.map(Into::into) };
+        let mut local = LocalSettings::new("s".into(), Vec::new());
+        assert_eq!(local.role_of(7, 7, 7), Some(Role::Operator), "no entries: the node's own uid");
+        assert_eq!(local.role_of(8, 7, 7), None);
+        local.allow = vec![
+            entry(None, Some(50), LocalRole::Client, Some("team")),
+            entry(Some(1000), None, LocalRole::Client, Some("app")),
+            entry(Some(0), None, LocalRole::Operator, None),
+        ];
+        assert!(local.check().is_ok());
+        assert_eq!(local.role_of(1000, 50, 7), Some(Role::Client("app".into())), "the uid entry wins");
+        assert_eq!(local.role_of(1001, 50, 7), Some(Role::Client("team".into())));
+        assert_eq!(local.role_of(0, 0, 0), Some(Role::Operator));
+        assert_eq!(local.role_of(7, 7, 7), None, "with entries, the node's uid needs one too");
+        for bad in [
+            entry(Some(1), Some(1), LocalRole::Operator, None),
+            entry(None, None, LocalRole::Operator, None),
+            entry(Some(1), None, LocalRole::Client, None),
+            entry(Some(1), None, LocalRole::Operator, Some("x")),
+            entry(Some(1), None, LocalRole::Client, Some("Not Valid")),
+        ] {
+            local.allow = vec![bad.clone()];
+            assert!(local.check().is_err(), "{bad:?} accepted");
+        }
+    }
 
     #[test]
     fn a_node_listens_where_its_epoch_places_it() {
@@ -338,6 +504,8 @@ mod tests {
             genesis: "genesis.toml".into(),
             locks: LockSettings::default(),
             http: None,
+            local: None,
+            worker_threads: 0,
         };
         assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());
         assert!(config("0.0.0.0:7100").check_listen(&epoch).is_ok(), "any address with the port");

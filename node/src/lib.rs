@@ -2,8 +2,9 @@
 //!
 //! - [`runtime`]: the node process ([`Node`]): QUIC links, persistence, timers.
 //! - [`core`]: the three protocol state machines of one node and the glue between them.
-//! - [`api`]: the client API, server side; [`client`]: the Rust client; [`http`]: the same API
-//!   as HTTP/JSON, and health probes.
+//! - [`api`]: the client API, server side (QUIC); [`local`]: the same on a Unix socket;
+//!   [`client`]: the Rust client (either transport); [`http`]: the same API as HTTP/JSON, and
+//!   health probes.
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
@@ -25,6 +26,7 @@ pub mod duration;
 pub mod embedded;
 pub mod hotkeys;
 pub mod http;
+pub mod local;
 pub mod metrics;
 pub mod page;
 pub mod peers;

@@ -310,7 +310,22 @@ fn main() -> ExitCode {
         }
     };
     init_logs(cli.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // `keyhome run` sizes its runtime by the node's `worker_threads` (0: tokio's default).
+    let workers = match &cli.command {
+        Command::Run { config } => match NodeConfig::load(config) {
+            Ok(config) => config.worker_threads,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => 0,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(workers);
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
@@ -519,8 +534,15 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
                 None => setup::genesis_addr(&args.dir, *id)?,
             };
             let listen = keyhome::addr::listen_for(&addr)?;
-            let path =
-                setup::stage_node_config(&mut files, &args.dir, *id, listen, false, LockSettings::default())?;
+            let path = setup::stage_node_config(
+                &mut files,
+                &args.dir,
+                *id,
+                listen,
+                false,
+                LockSettings::default(),
+                setup::HostSettings::default(),
+            )?;
             Some(format!(
                 "{} (listening on {listen}, reached at {addr}); start it with: keyhome run --config {}",
                 path.display(),
@@ -529,7 +551,7 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
         }
         (Role::Operator | Role::Client(_), Some(target)) => {
             let member = parse_member(&target)?;
-            let path = setup::stage_profile(&mut files, &args.dir, &role, member.id, &member.addr)?;
+            let path = setup::stage_profile(&mut files, &args.dir, &role, member.id, &member.addr, None)?;
             Some(format!("{}; use it with --profile {}", path.display(), path.display()))
         }
         (Role::Operator | Role::Client(_), None) => None,

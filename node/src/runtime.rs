@@ -74,6 +74,8 @@ pub enum NodeError {
     DataDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Local(#[from] crate::local::LocalError),
     #[error("a durable write failed, so the node stopped: {0}")]
     WriteFailed(String),
     #[error(transparent)]
@@ -249,6 +251,7 @@ impl Node {
             None => None,
         };
         let http = crate::http::Listeners::bind(&config).await?;
+        let local = config.local.as_ref().map(crate::local::LocalListener::bind).transpose()?;
         let (persist_tx, persist_rx) = std::sync::mpsc::channel();
         let (shutdown, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -293,6 +296,9 @@ impl Node {
         ));
         if let Some(endpoint) = shared.client_endpoint.clone() {
             tokio::spawn(accept_loop(Arc::clone(&shared), endpoint, Serves { peers: false, clients: true }));
+        }
+        if let Some(listener) = local {
+            tokio::spawn(crate::local::accept_loop(Arc::clone(&shared), listener));
         }
         shared.with_core(|d, now| {
             for output in early {

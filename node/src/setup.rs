@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 
 use keyhome_epoch::{NodeId, Timing};
 
-use crate::config::{ClientProfile, ConfigError, GenesisFile, HttpConfig, LockSettings, NodeConfig};
+use crate::config::{
+    ClientProfile, ConfigError, GenesisFile, HttpConfig, LocalAllow, LocalRole, LocalSettings, LockSettings,
+    NodeConfig,
+};
 use crate::http::tokens;
 use crate::pki::{self, CaKeyPair, PkiError, Role};
 
@@ -209,6 +212,15 @@ pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, Set
     Ok(dir)
 }
 
+/// How a node shares its host, for [`stage_node_config`].
+#[derive(Clone, Debug, Default)]
+pub struct HostSettings {
+    /// The local client socket, if any ([`NodeConfig::local`]).
+    pub local: Option<LocalSettings>,
+    /// [`NodeConfig::worker_threads`].
+    pub worker_threads: usize,
+}
+
 /// Adds `node.toml` for node `id` listening on `listen`, next to its certificate; with
 /// `behind_relay`, peers reach it at another address (see [`NodeConfig::behind_relay`]). The HTTP
 /// API is on, on loopback TCP with `listen`'s port number, taking the cluster's tokens. Returns its
@@ -220,6 +232,7 @@ pub fn stage_node_config(
     listen: SocketAddr,
     behind_relay: bool,
     locks: LockSettings,
+    host: HostSettings,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, &Role::Node(id));
     let config = NodeConfig {
@@ -234,6 +247,8 @@ pub fn stage_node_config(
         genesis: "../genesis.toml".into(),
         locks,
         http: Some(HttpConfig::local(loopback(listen.port()))),
+        local: host.local,
+        worker_threads: host.worker_threads,
     };
     let path = dir.join("node.toml");
     files.add_toml(path.clone(), &config)?;
@@ -253,6 +268,7 @@ pub fn stage_profile(
     role: &Role,
     node: NodeId,
     addr: &str,
+    socket: Option<&Path>,
 ) -> Result<PathBuf, SetupError> {
     let dir = identity_dir(cluster, role);
     let profile = ClientProfile {
@@ -261,6 +277,7 @@ pub fn stage_profile(
         ca: "../ca.pem".into(),
         cert: "cert.pem".into(),
         key: "key.pem".into(),
+        socket: socket.map(|s| Path::new("..").join(s)),
     };
     let path = dir.join("profile.toml");
     files.add_toml(path.clone(), &profile)?;
@@ -286,6 +303,10 @@ pub fn genesis_addr(cluster: &Path, id: NodeId) -> Result<String, SetupError> {
 /// Lays out a complete local cluster of `nodes` nodes on 127.0.0.1 from `base_port`: CA, genesis,
 /// node certificates and configurations, an operator and a client (`app`) identity with profiles
 /// pointing at node 1. Returns the node configuration paths. The ports must fit below 65536.
+///
+/// The nodes share this host: each gets [`LOCAL_SOCKET`] in its directory, which this user's
+/// processes reach as the client `app` (the `app` profile names node 1's), and an equal share of
+/// the cores as worker threads ([`shared_host_workers`]).
 pub fn dev_cluster(
     cluster: &Path,
     nodes: u64,
@@ -315,15 +336,45 @@ pub fn local_cluster(
     let ca = load_ca(cluster)?;
     let mut files = Files::new();
     let mut configs = Vec::new();
+    let app = LocalAllow {
+        uid: Some(rustix::process::getuid().as_raw()),
+        gid: None,
+        role: LocalRole::Client,
+        name: Some("app".into()),
+    };
     for i in 1..=nodes {
         stage_identity(&mut files, cluster, &ca, &Role::Node(NodeId(i)))?;
-        configs.push(stage_node_config(&mut files, cluster, NodeId(i), listen(i), relayed, locks.clone())?);
+        let host = HostSettings {
+            local: Some(LocalSettings::new(LOCAL_SOCKET.into(), vec![app.clone()])),
+            worker_threads: shared_host_workers(nodes),
+        };
+        configs.push(stage_node_config(
+            &mut files,
+            cluster,
+            NodeId(i),
+            listen(i),
+            relayed,
+            locks.clone(),
+            host,
+        )?);
     }
     let client_addr = if relayed { listen(1).to_string() } else { advertised(1) };
-    for role in [Role::Operator, Role::Client("app".into())] {
-        stage_identity(&mut files, cluster, &ca, &role)?;
-        stage_profile(&mut files, cluster, &role, NodeId(1), &client_addr)?;
-    }
+    let node_1_socket = identity_dir(Path::new(""), &Role::Node(NodeId(1))).join(LOCAL_SOCKET);
+    stage_identity(&mut files, cluster, &ca, &Role::Operator)?;
+    stage_profile(&mut files, cluster, &Role::Operator, NodeId(1), &client_addr, None)?;
+    let app = Role::Client("app".into());
+    stage_identity(&mut files, cluster, &ca, &app)?;
+    stage_profile(&mut files, cluster, &app, NodeId(1), &client_addr, Some(&node_1_socket))?;
     files.commit(false)?;
     Ok(configs)
+}
+
+/// The local socket's file name in a node's directory, as [`local_cluster`] lays it out.
+pub const LOCAL_SOCKET: &str = "node.sock";
+
+/// Worker threads for each of `nodes` nodes sharing this host: an equal share of its cores, at
+/// least one.
+pub fn shared_host_workers(nodes: u64) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    (cores / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX)).max(1)
 }

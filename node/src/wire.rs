@@ -179,8 +179,13 @@ pub enum Request {
     /// list exactly the current members left out, confirming the operator stopped them for good.
     /// See docs/operations.md, "Disaster recovery".
     RecoverUnsafe { members: Vec<keyhome_epoch::Member>, stopped: Vec<NodeId>, skip: u64 },
-    /// Stream [`ClientEvent`]s for handles this connection holds.
+    /// Stream [`ClientEvent`]s for handles this connection holds. On QUIC its stream carries
+    /// them; on the local socket it is answered [`Response::Subscribed`] and the events follow as
+    /// [`LocalFrame::Event`]s.
     Subscribe,
+    /// Unlock `handle` (leaving `note`), then lock `key` as [`Request::Lock`] does, in one round
+    /// trip. If the unlock fails, nothing is locked and its error is the answer.
+    Relock { handle: u64, note: Option<Vec<u8>>, key: Vec<u8>, ttl: Duration, wait: Duration },
 }
 
 impl Request {
@@ -196,6 +201,7 @@ impl Request {
             Request::Propose(_) => "propose",
             Request::RecoverUnsafe { .. } => "recover",
             Request::Subscribe => "subscribe",
+            Request::Relock { .. } => "relock",
         }
     }
 }
@@ -234,6 +240,8 @@ pub enum Response {
         epoch: u64,
     },
     Error(ApiError),
+    /// The connection's events follow (local socket only).
+    Subscribed,
 }
 
 /// A failed request, as the client sees it.
@@ -288,6 +296,49 @@ pub enum EventKind {
     Recalled { valid_for: Duration },
     /// The handle's deadline passed: the lock is lost and its next use fails.
     Expired,
+}
+
+// ---- local client protocol (Unix domain socket, see `crate::local`) ----
+
+/// A frame a client sends on the local socket. `id` is the client's to choose; the node answers
+/// each [`LocalRequest::Call`] with a [`LocalFrame::Answer`] of the same `id`, possibly out of
+/// order, but starts the requests of one connection in the order they arrive, so a request sees
+/// the effect of every earlier one that completes at once (an unlock, say) without waiting for
+/// its answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LocalRequest {
+    Call {
+        id: u64,
+        request: Request,
+    },
+    /// The client gave up on call `id`: a lock still waiting is withdrawn; no answer follows.
+    Cancel {
+        id: u64,
+    },
+}
+
+/// A frame the node sends on the local socket.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum LocalFrame {
+    /// First frame on an accepted connection: the node's id and the identity the peer's
+    /// credentials map to.
+    Hello(LocalHello),
+    /// The connection is refused or ended (unmapped uid, too many connections, a bad frame):
+    /// the node closes it after this frame.
+    Refused(ApiError),
+    Answer {
+        id: u64,
+        response: Response,
+    },
+    Event(ClientEvent),
+}
+
+/// Who the node took a local peer for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalHello {
+    pub node: NodeId,
+    /// The identity, in the form a certificate names it (`crate::pki::Role`'s display).
+    pub identity: String,
 }
 
 #[cfg(test)]

@@ -315,7 +315,29 @@ impl Cluster {
             ca: self.dir.join("ca.pem"),
             cert: dir.join("cert.pem"),
             key: dir.join("key.pem"),
+            socket: None,
         }
+    }
+
+    /// Node `id`'s local socket, as [`setup::local_cluster`] configures it (the test's uid acts
+    /// as the client `app` on it).
+    pub fn local_socket(&self, id: u64) -> PathBuf {
+        self.node_dir(id).join(setup::LOCAL_SOCKET)
+    }
+
+    /// A new connection to node `id`'s local socket (retried until the node accepts it).
+    pub async fn local_client(&self, id: u64) -> Client {
+        let socket = self.local_socket(id);
+        let mut last = None;
+        let deadline = Instant::now() + PATIENCE;
+        while Instant::now() < deadline {
+            match Client::connect_local(&socket).await {
+                Ok(client) => return client,
+                Err(e) => last = Some(e.to_string()),
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        panic!("cannot connect to node {id}'s local socket {}: {last:?}", socket.display());
     }
 
     /// Writes `profile` as `<identity dir>/node-<id>.toml` (relative paths, as `keyhome certs
@@ -328,6 +350,7 @@ impl Cluster {
             ca: "../ca.pem".into(),
             cert: "cert.pem".into(),
             key: "key.pem".into(),
+            socket: None,
         };
         let path = dir.join(format!("node-{id}.toml"));
         write_toml(&path, &profile).expect("write profile");

@@ -102,6 +102,7 @@ async fn errors_say_what_to_do() {
         ca: "../ca.pem".into(),
         cert: cert.into(),
         key: key.into(),
+        socket: None,
     };
 
     // A profile naming node 2 at node 1's address.

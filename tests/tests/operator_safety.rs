@@ -136,6 +136,7 @@ async fn dev_restarts_a_killed_node_and_keeps_the_others() {
             ca: dir.join("ca.pem"),
             cert: dir.join("client-app/cert.pem"),
             key: dir.join("client-app/key.pem"),
+            socket: None,
         };
         async move {
             let client =

@@ -2,6 +2,10 @@
 //! Ctrl-C. A node that exits (crashed, or killed to try a failover) is started again after
 //! `--restart-after`, unless `--no-restart`; the other nodes keep running either way. The nodes
 //! die with `keyhome dev`, however it ends.
+//!
+//! The nodes share this host: each has a local socket (`node-N/node.sock`, this user as the
+//! client `app`) and an equal share of the cores as worker threads
+//! ([`keyhome::setup::local_cluster`]).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -96,7 +100,10 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     for line in http_hints(&args.dir) {
         println!("{line}");
     }
-    println!("(Ctrl-C stops the cluster)");
+    println!(
+        "(the client-app profile goes through node 1's local socket {dir}/node-1/{}; Ctrl-C stops the cluster)",
+        keyhome::setup::LOCAL_SOCKET
+    );
     tokio::select! {
         _ = crate::shutdown_signal() => {}
         _ = nodes.supervise(restart) => {}

@@ -513,7 +513,7 @@ fn retry_at(now: Instant, deadline: Instant, plan: Plan) -> Instant {
 
 /// Whether a renewal error means the lock is over: the node says so, or the connection is gone.
 fn is_final(e: &ClientError) -> bool {
-    e.kind() == Some(ErrorKind::Lost) || matches!(e, ClientError::Connection(_))
+    e.kind() == Some(ErrorKind::Lost) || matches!(e, ClientError::Connection(_) | ClientError::Closed(_))
 }
 
 /// The exit status of a shell for `status`: the code, or 128 + the signal that killed it.

@@ -292,6 +292,8 @@ async fn call(state: &St, caller: &Caller, request: Request) -> Answer {
         Response::Status(status) => serde_json::to_value(status),
         Response::Epoch(epoch) => serde_json::to_value(epoch),
         Response::Proposed { epoch } => Ok(serde_json::json!({ "epoch": epoch })),
+        // `answer` refuses `Subscribe`; events are `GET /v1/events`.
+        Response::Subscribed => Ok(serde_json::json!({ "subscribed": true })),
         Response::Error(e) => return Err(e.into()),
     };
     value.map(Json).map_err(|e| {

@@ -1,0 +1,197 @@
+//! The client's local transport: calls on one Unix socket connection to the node
+//! ([`crate::local`]), matched to their answers by id, so that many may be in flight at once.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::AbortHandle;
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+use super::ClientError;
+use crate::local::codec;
+use crate::runtime::lock;
+use crate::wire::{self, ClientEvent, LocalFrame, LocalHello, LocalRequest, Request, Response};
+
+/// Events queued for the application before further ones are dropped (their numbers show the
+/// gap, as on the node's side).
+const EVENT_QUEUE: usize = 1024;
+/// How long a cancellation may take to leave (a frozen node must not hold the caller).
+const CANCEL_WITHIN: Duration = Duration::from_secs(1);
+
+type Sink = Arc<tokio::sync::Mutex<FramedWrite<OwnedWriteHalf, LengthDelimitedCodec>>>;
+
+/// One connection to a node's local socket.
+pub(super) struct LocalConn {
+    sink: Sink,
+    state: Arc<std::sync::Mutex<State>>,
+    next: AtomicU64,
+    reader: AbortHandle,
+    /// Who the node took this process for.
+    pub hello: LocalHello,
+}
+
+#[derive(Default)]
+struct State {
+    /// Calls waiting for their answers, by id.
+    pending: HashMap<u64, oneshot::Sender<Response>>,
+    events: Option<mpsc::Sender<ClientEvent>>,
+    /// Why the connection ended, once it has.
+    closed: Option<String>,
+}
+
+impl LocalConn {
+    /// Connects to the socket at `path` and reads the node's hello, within `timeout`.
+    pub(super) async fn connect(path: &Path, timeout: Duration) -> Result<LocalConn, ClientError> {
+        let refused = |reason: String| ClientError::LocalConnect { path: path.to_path_buf(), reason };
+        let open = async {
+            let stream = UnixStream::connect(path).await.map_err(|e| refused(e.to_string()))?;
+            let (read, write) = stream.into_split();
+            let mut frames = FramedRead::new(read, codec());
+            let first = match frames.next().await {
+                Some(Ok(body)) => wire::decode::<LocalFrame>(&body).map_err(|e| refused(e.to_string()))?,
+                Some(Err(e)) => return Err(refused(e.to_string())),
+                None => return Err(refused("the node closed the connection".into())),
+            };
+            match first {
+                LocalFrame::Hello(hello) => Ok((hello, frames, write)),
+                LocalFrame::Refused(e) => Err(refused(e.message)),
+                _ => Err(ClientError::Unexpected),
+            }
+        };
+        let (hello, frames, write) = tokio::time::timeout(timeout, open)
+            .await
+            .map_err(|_| refused(format!("no hello from the node within {timeout:?}")))??;
+        let state = Arc::new(std::sync::Mutex::new(State::default()));
+        let reader = tokio::spawn(read_frames(frames, Arc::clone(&state))).abort_handle();
+        let sink = Arc::new(tokio::sync::Mutex::new(FramedWrite::new(write, codec())));
+        Ok(LocalConn { sink, state, next: AtomicU64::new(1), reader, hello })
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        lock(&self.state).closed.is_some()
+    }
+
+    fn closed_error(&self) -> ClientError {
+        ClientError::Closed(lock(&self.state).closed.clone().unwrap_or_else(|| "the connection ended".into()))
+    }
+
+    /// Sends `request` and waits for its answer (the caller bounds the wait; dropping the
+    /// future cancels the call at the node).
+    pub(super) async fn call(&self, request: Request) -> Result<Response, ClientError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = lock(&self.state);
+            if state.closed.is_some() {
+                drop(state);
+                return Err(self.closed_error());
+            }
+            state.pending.insert(id, tx);
+        }
+        let mut guard = Cancel { conn: self, id, armed: true };
+        write(&self.sink, &LocalRequest::Call { id, request }).await?;
+        let answer = rx.await;
+        guard.armed = false;
+        answer.map_err(|_| self.closed_error())
+    }
+
+    /// Sends `request` without waiting for its answer; the next request sent on this
+    /// connection sees its effect (see [`crate::local`], "Order"), its answer is dropped.
+    pub(super) async fn send(&self, request: Request) -> Result<(), ClientError> {
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        write(&self.sink, &LocalRequest::Call { id, request }).await
+    }
+
+    /// Subscribes to the connection's events.
+    pub(super) async fn subscribe(&self) -> Result<mpsc::Receiver<ClientEvent>, ClientError> {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        // Set before the node starts sending: no event can arrive unseen.
+        lock(&self.state).events = Some(tx);
+        match self.call(Request::Subscribe).await? {
+            Response::Subscribed => Ok(rx),
+            Response::Error(e) => Err(ClientError::Api(e)),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+}
+
+impl Drop for LocalConn {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+/// Withdraws call `id` at the node if it is dropped before its answer came.
+struct Cancel<'a> {
+    conn: &'a LocalConn,
+    id: u64,
+    armed: bool,
+}
+
+impl Drop for Cancel<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        lock(&self.conn.state).pending.remove(&self.id);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (sink, id) = (Arc::clone(&self.conn.sink), self.id);
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &LocalRequest::Cancel { id })).await;
+            });
+        }
+    }
+}
+
+async fn write(sink: &Sink, request: &LocalRequest) -> Result<(), ClientError> {
+    let body = postcard::to_allocvec(request).map_err(|e| ClientError::Wire(e.into()))?;
+    sink.lock()
+        .await
+        .send(bytes::Bytes::from(body))
+        .await
+        .map_err(|e: std::io::Error| ClientError::Closed(e.to_string()))
+}
+
+/// Hands each answer to its caller and each event to the subscriber until the connection ends;
+/// then fails every call still waiting.
+async fn read_frames(
+    mut frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
+    state: Arc<std::sync::Mutex<State>>,
+) {
+    let reason = loop {
+        let body = match frames.next().await {
+            None => break "the node closed the connection".to_string(),
+            Some(Err(e)) => break format!("reading from the node failed: {e}"),
+            Some(Ok(body)) => body,
+        };
+        match wire::decode::<LocalFrame>(&body) {
+            Ok(LocalFrame::Answer { id, response }) => {
+                if let Some(tx) = lock(&state).pending.remove(&id) {
+                    let _ = tx.send(response);
+                }
+            }
+            Ok(LocalFrame::Event(event)) => {
+                if let Some(tx) = &lock(&state).events {
+                    let _ = tx.try_send(event);
+                }
+            }
+            Ok(LocalFrame::Refused(e)) => break e.message,
+            Ok(LocalFrame::Hello(_)) => break "the node sent a second hello".to_string(),
+            Err(e) => break format!("the node sent a malformed frame: {e}"),
+        }
+    };
+    let mut state = lock(&state);
+    state.closed = Some(reason);
+    state.pending.clear();
+    state.events = None;
+}

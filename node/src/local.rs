@@ -1,0 +1,354 @@
+//! The client API on a Unix domain socket, for applications on the node's host: the same
+//! requests as on QUIC ([`crate::api`] answers both), without TLS or a handshake.
+//!
+//! # Frames
+//!
+//! Length-prefixed postcard frames as on QUIC ([`crate::wire`]), at most [`MAX_CLIENT_FRAME`]
+//! bytes: the client sends [`LocalRequest`]s, the node [`LocalFrame`]s. The node first sends a
+//! [`LocalFrame::Hello`] (or [`LocalFrame::Refused`], and closes). Each call carries an id of
+//! the client's choosing; answers carry it back and may come out of order (a lock that waits
+//! does not hold up the calls after it).
+//!
+//! # Order
+//!
+//! The requests of one connection are *started* in the order they arrive: each one's first
+//! step (an unlock, a lock admitted at once, a lock queued behind the holder) is taken before the
+//! next frame is read. So a client may send an unlock without waiting for its answer and the next
+//! request on the connection sees its effect.
+//!
+//! # Identity
+//!
+//! Who may connect is decided twice: by the socket file's mode ([`LocalSettings::mode`]), and by
+//! the peer's credentials (`SO_PEERCRED`, which the kernel fills in at connect), mapped to a
+//! client or operator identity by [`LocalSettings::role_of`]; an unmapped peer is refused with a
+//! reason. The identity is the same as a certificate of that role on QUIC: handles pass between
+//! connections of one identity, whichever transport, and [`crate::api::Sessions`] reports the
+//! connection's lost-lock events, numbered, after a [`Request::Subscribe`].
+//!
+//! # Bounds
+//!
+//! At most [`LocalSettings::max_connections`] connections (further ones are refused), at most
+//! [`LocalSettings::max_in_flight`] requests in progress per connection (further ones are answered
+//! `Unavailable` at once), frames of at most [`MAX_CLIENT_FRAME`] bytes (a larger or malformed
+//! frame ends the connection with a [`LocalFrame::Refused`] saying why). A connection's waiting
+//! requests are withdrawn when it closes; its handles live on to their deadlines, as on QUIC.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::task::AbortHandle;
+use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
+
+use crate::config::LocalSettings;
+use crate::core::ClientOwner;
+use crate::pki::Role;
+use crate::runtime::Shared;
+use crate::wire::{
+    self, ApiError, ErrorKind, LocalFrame, LocalHello, LocalRequest, MAX_CLIENT_FRAME, Request, Response,
+};
+
+/// How long the node keeps writing to a connection it is closing (its last answers and the
+/// reason), so a client that stopped reading cannot hold the task.
+const CLOSE_FLUSH: Duration = Duration::from_secs(1);
+
+/// Why the local socket could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    #[error("cannot listen on the local socket {path}: {source}")]
+    Bind { path: PathBuf, source: io::Error },
+    #[error("the local socket {0} is in use by another process (is this node already running?)")]
+    InUse(PathBuf),
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+}
+
+/// The frame codec of both sides: a 4-byte big-endian length, then the body.
+pub fn codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(MAX_CLIENT_FRAME)
+        .new_codec()
+}
+
+/// The local socket, bound, with its file's mode set; removed when dropped.
+pub(crate) struct LocalListener {
+    listener: UnixListener,
+    settings: LocalSettings,
+}
+
+impl LocalListener {
+    /// Binds `settings.socket`, replacing a stale socket file (one nobody answers on).
+    pub(crate) fn bind(settings: &LocalSettings) -> Result<LocalListener, LocalError> {
+        let path = &settings.socket;
+        let bind_err = |source| LocalError::Bind { path: path.clone(), source };
+        if let Ok(meta) = std::fs::symlink_metadata(path) {
+            use std::os::unix::fs::FileTypeExt;
+            if !meta.file_type().is_socket() {
+                return Err(LocalError::NotASocket(path.clone()));
+            }
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(LocalError::InUse(path.clone()));
+            }
+            std::fs::remove_file(path).map_err(bind_err)?;
+        }
+        let listener = UnixListener::bind(path).map_err(bind_err)?;
+        let listener = LocalListener { listener, settings: settings.clone() };
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(settings.mode)).map_err(bind_err)?;
+        Ok(listener)
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.settings.socket
+    }
+}
+
+impl Drop for LocalListener {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.settings.socket);
+    }
+}
+
+/// Accepts local connections until the node stops.
+pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
+    let own_uid = rustix::process::getuid().as_raw();
+    let connections = Arc::new(Semaphore::new(listener.settings.max_connections));
+    let mut stop = shared.shutdown.subscribe();
+    loop {
+        let stream = tokio::select! {
+            s = listener.listener.accept() => s,
+            _ = crate::runtime::stopping(&mut stop) => break,
+        };
+        let stream = match stream {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: the next accept may work again.
+                tracing::warn!("cannot accept on the local socket: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let admission = match (stream.peer_cred(), Arc::clone(&connections).try_acquire_owned()) {
+            (Err(e), _) => Err(format!("cannot read the peer's credentials: {e}")),
+            (Ok(_), Err(_)) => Err(format!(
+                "too many local connections (at most {}); close one and retry",
+                listener.settings.max_connections
+            )),
+            (Ok(cred), Ok(permit)) => match listener.settings.role_of(cred.uid(), cred.gid(), own_uid) {
+                Some(role) => Ok((role, permit)),
+                None => Err(format!(
+                    "uid {} (gid {}) is not allowed on {}: no [[local.allow]] entry maps it",
+                    cred.uid(),
+                    cred.gid(),
+                    listener.path().display()
+                )),
+            },
+        };
+        match admission {
+            Ok((role, permit)) => {
+                let max_in_flight = listener.settings.max_in_flight;
+                let shared = Arc::clone(&shared);
+                tokio::spawn(async move {
+                    serve(shared, stream, role, max_in_flight).await;
+                    drop(permit);
+                });
+            }
+            Err(reason) => {
+                tracing::info!("local connection refused: {reason}");
+                tokio::spawn(refuse(stream, ApiError::new(ErrorKind::Forbidden, reason)));
+            }
+        }
+    }
+}
+
+/// Tells a peer why it is refused, then closes.
+async fn refuse(stream: UnixStream, error: ApiError) {
+    let mut out = FramedWrite::new(stream, codec());
+    if let Ok(frame) = frame_bytes(&LocalFrame::Refused(error)) {
+        let _ = tokio::time::timeout(CLOSE_FLUSH, out.send(frame)).await;
+    }
+}
+
+/// A frame's body (the codec adds the length prefix and refuses one over [`MAX_CLIENT_FRAME`]).
+fn frame_bytes(frame: &LocalFrame) -> Result<bytes::Bytes, postcard::Error> {
+    postcard::to_allocvec(frame).map(bytes::Bytes::from)
+}
+
+/// Serves one local connection until it closes, the peer sends a bad frame, or the node stops.
+async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_flight: usize) {
+    let owner = shared.api.open(role.clone());
+    tracing::debug!(conn = owner.conn, ?role, "local client connected");
+    let (read, write) = stream.into_split();
+    // Each request in flight sends one answer; events wait for room (their queue is bounded).
+    let (out, out_rx) = mpsc::channel::<LocalFrame>(max_in_flight + 1);
+    let writer = tokio::spawn(write_frames(FramedWrite::new(write, codec()), out_rx));
+    let hello = LocalHello { node: shared.id, identity: role.to_string() };
+    let mut conn = Connection {
+        shared: Arc::clone(&shared),
+        owner,
+        role: Arc::new(role),
+        out,
+        in_flight: Arc::new(Semaphore::new(max_in_flight)),
+        max_in_flight,
+        waiting: HashMap::new(),
+        events: None,
+    };
+    if conn.out.send(LocalFrame::Hello(hello)).await.is_ok() {
+        conn.run(FramedRead::new(read, codec())).await;
+    }
+    for task in conn.waiting.values().chain(conn.events.as_ref()) {
+        task.abort();
+    }
+    shared.api.close(owner.conn);
+    drop(conn);
+    let _ = tokio::time::timeout(CLOSE_FLUSH, writer).await;
+}
+
+/// Writes frames as they come, flushing whenever no further one is ready (so answers that are
+/// ready together leave in one write).
+async fn write_frames(
+    mut sink: FramedWrite<tokio::net::unix::OwnedWriteHalf, LengthDelimitedCodec>,
+    mut frames: mpsc::Receiver<LocalFrame>,
+) {
+    while let Some(frame) = frames.recv().await {
+        let mut next = Some(frame);
+        while let Some(frame) = next {
+            match frame_bytes(&frame) {
+                Ok(bytes) => {
+                    if sink.feed(bytes).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!("cannot encode a local answer: {e}"),
+            }
+            next = frames.try_recv().ok();
+        }
+        if SinkExt::<bytes::Bytes>::flush(&mut sink).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// One local connection's state.
+struct Connection {
+    shared: Arc<Shared>,
+    owner: ClientOwner,
+    role: Arc<Role>,
+    out: mpsc::Sender<LocalFrame>,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    /// Requests still waiting (a lock queued behind its holder), by call id.
+    waiting: HashMap<u64, AbortHandle>,
+    /// The task forwarding the connection's events, once it subscribed.
+    events: Option<AbortHandle>,
+}
+
+impl Connection {
+    async fn run(&mut self, mut frames: FramedRead<tokio::net::unix::OwnedReadHalf, LengthDelimitedCodec>) {
+        let mut stop = self.shared.shutdown.subscribe();
+        loop {
+            let frame = tokio::select! {
+                f = frames.next() => f,
+                _ = crate::runtime::stopping(&mut stop) => return,
+            };
+            let request = match frame {
+                None => return,
+                Some(Ok(body)) => wire::decode::<LocalRequest>(&body).map_err(|e| e.to_string()),
+                Some(Err(e)) => Err(format!("malformed frame: {e}")),
+            };
+            let keep_on = match request {
+                Ok(LocalRequest::Call { id, request }) => self.call(id, request).await,
+                Ok(LocalRequest::Cancel { id }) => {
+                    if let Some(task) = self.waiting.remove(&id) {
+                        task.abort();
+                    }
+                    true
+                }
+                Err(e) => {
+                    tracing::info!(conn = self.owner.conn, "malformed local frame: {e}");
+                    let error = ApiError::new(ErrorKind::Invalid, e);
+                    let _ = self.out.send(LocalFrame::Refused(error)).await;
+                    false
+                }
+            };
+            if !keep_on {
+                return;
+            }
+        }
+    }
+
+    /// Starts call `id`: answers it if it completes at once, else leaves it running. False once
+    /// the connection's writer is gone.
+    async fn call(&mut self, id: u64, request: Request) -> bool {
+        if let Request::Subscribe = request {
+            return self.subscribe(id).await;
+        }
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            let error = ApiError::new(
+                ErrorKind::Unavailable,
+                format!("too many requests in flight on this connection (at most {})", self.max_in_flight),
+            );
+            return self.out.send(LocalFrame::Answer { id, response: Response::Error(error) }).await.is_ok();
+        };
+        let (shared, role, owner) = (Arc::clone(&self.shared), Arc::clone(&self.role), self.owner);
+        let mut answer = Box::pin(async move { crate::api::answer(&shared, owner, &role, request).await });
+        if let Some(result) = poll_once(&mut answer).await {
+            drop(permit);
+            let response = result.unwrap_or_else(Response::Error);
+            return self.out.send(LocalFrame::Answer { id, response }).await.is_ok();
+        }
+        let out = self.out.clone();
+        let task = tokio::spawn(async move {
+            let response = answer.await.unwrap_or_else(Response::Error);
+            let _ = out.send(LocalFrame::Answer { id, response }).await;
+            drop(permit);
+        });
+        if self.waiting.len() >= self.max_in_flight {
+            self.waiting.retain(|_, task| !task.is_finished());
+        }
+        self.waiting.insert(id, task.abort_handle());
+        true
+    }
+
+    /// Forwards the connection's events from now on; answers call `id` `Subscribed` first.
+    async fn subscribe(&mut self, id: u64) -> bool {
+        let mut events = self.shared.api.subscribe(self.owner.conn);
+        if let Some(previous) = self.events.take() {
+            previous.abort();
+        }
+        if self.out.send(LocalFrame::Answer { id, response: Response::Subscribed }).await.is_err() {
+            return false;
+        }
+        let out = self.out.clone();
+        let task = tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                if out.send(LocalFrame::Event(event)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        self.events = Some(task.abort_handle());
+        true
+    }
+}
+
+/// Polls `future` once: its output if it is ready at once.
+async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match Pin::new(&mut *future).poll(cx) {
+            Poll::Ready(output) => Some(output),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}

@@ -1,0 +1,540 @@
+//! keyhome-compare: the same lock scenarios against a 3-node keyhome (started here with the test
+//! harness, clients on the nodes' local sockets) and the peers compare.sh starts on loopback:
+//! etcd (v3 lock API), ZooKeeper (the lock recipe of `zookeeper-client`), Redis (SET NX PX and a
+//! compare-and-delete script; in memory, and with `appendfsync always`). Systems alternate within
+//! each round; every round prints its tables with the machine's load, the last the medians over
+//! the rounds. See docs/benchmarks.md, "Side by side".
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use keyhome::client::{Client, ClientLock};
+use keyhome::config::LockSettings;
+use keyhome_epoch::Timing;
+use keyhome_sim::cluster::{Cluster, Options};
+
+/// How long a lock is asked for (no scenario holds one nearly this long).
+const TTL: Duration = Duration::from_secs(10);
+/// How long a contender waits for a lock before the run counts an error.
+const WAIT: Duration = Duration::from_secs(30);
+/// A Redis contender's pause between SET NX attempts (Redis has no waiting lock).
+const REDIS_RETRY: Duration = Duration::from_millis(1);
+/// Nodes (keyhome), members (etcd, ZooKeeper) and hot-key contenders.
+const NODES: usize = 3;
+
+#[derive(Parser)]
+struct Args {
+    /// Rounds; the summary gives the median of each figure over them.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Lock+unlock cycles per latency scenario and system.
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Seconds per throughput and hot-key run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Runs of each CLI per round.
+    #[arg(long, default_value_t = 30)]
+    cli_runs: usize,
+    /// etcd client URLs, comma-separated (one per member).
+    #[arg(long)]
+    etcd: Option<String>,
+    /// ZooKeeper servers, HOST:PORT comma-separated (one per member).
+    #[arg(long)]
+    zookeeper: Option<String>,
+    /// Redis without persistence (redis://HOST:PORT).
+    #[arg(long)]
+    redis: Option<String>,
+    /// Redis with `appendonly yes`, `appendfsync always`.
+    #[arg(long)]
+    redis_aof: Option<String>,
+    /// The etcdctl binary for the CLI scenario.
+    #[arg(long, default_value = "etcdctl")]
+    etcdctl: String,
+}
+
+/// A system under test.
+#[derive(Clone, Debug)]
+enum System {
+    /// keyhome on its local sockets; `pipelined`: unlocks sent without waiting for the answer.
+    Keyhome {
+        pipelined: bool,
+    },
+    Etcd(Vec<String>),
+    Zookeeper(Vec<String>),
+    Redis {
+        url: String,
+        aof: bool,
+    },
+}
+
+impl System {
+    fn name(&self) -> &'static str {
+        match self {
+            System::Keyhome { pipelined: false } => "keyhome",
+            System::Keyhome { pipelined: true } => "keyhome (pipelined unlock)",
+            System::Etcd(_) => "etcd v3lock",
+            System::Zookeeper(_) => "ZooKeeper",
+            System::Redis { aof: false, .. } => "Redis (memory)",
+            System::Redis { aof: true, .. } => "Redis AOF always",
+        }
+    }
+
+    /// What a lock costs in durability, and whether the holder gets a fencing token.
+    fn guarantees(&self) -> &'static str {
+        match self {
+            System::Keyhome { .. } => {
+                "membership and incarnations durable (Paxos, fsync); locks in memory under leases; \
+                 fencing token (epoch, incarnation, counter)"
+            }
+            System::Etcd(_) => "each lock a Raft write, fsynced on a majority; fencing: the revision",
+            System::Zookeeper(_) => {
+                "each lock a ZAB write (a znode), logged on a majority; fencing: the znode's sequence"
+            }
+            System::Redis { aof: false, .. } => "nothing durable, one server; no fencing token",
+            System::Redis { aof: true, .. } => "each lock fsynced to one server's AOF; no fencing token",
+        }
+    }
+}
+
+/// An ordered fencing token, where the system gives one.
+type Token = (u64, u64, u64, u64);
+
+/// One client connection of a system.
+enum Conn {
+    Keyhome {
+        client: Client,
+        pipelined: bool,
+    },
+    /// Boxed: the etcd client is some 3.5 KB.
+    Etcd {
+        client: Box<etcd_client::Client>,
+        lease: i64,
+    },
+    Zookeeper(zookeeper_client::Client),
+    Redis {
+        conn: redis::aio::MultiplexedConnection,
+        release: redis::Script,
+        next: u64,
+        me: usize,
+    },
+}
+
+/// A lock held through a [`Conn`].
+enum Held {
+    Keyhome(ClientLock),
+    Etcd(Vec<u8>),
+    Zookeeper(String),
+    Redis { key: String, value: String },
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+impl Conn {
+    /// Connection number `i` (spread over the members).
+    async fn open(system: &System, cluster: &Cluster, i: usize) -> Result<Conn, Error> {
+        Ok(match system {
+            System::Keyhome { pipelined } => {
+                let socket = cluster.local_socket((i % NODES) as u64 + 1);
+                Conn::Keyhome { client: Client::connect_local(&socket).await?, pipelined: *pipelined }
+            }
+            System::Etcd(endpoints) => {
+                let mut client =
+                    etcd_client::Client::connect([&endpoints[i % endpoints.len()]], None).await?;
+                let lease = client.lease_grant(60, None).await?.id();
+                Conn::Etcd { client: Box::new(client), lease }
+            }
+            System::Zookeeper(servers) => {
+                Conn::Zookeeper(zookeeper_client::Client::connect(&servers[i % servers.len()]).await?)
+            }
+            System::Redis { url, .. } => {
+                let conn = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
+                let release = redis::Script::new(
+                    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+                );
+                Conn::Redis { conn, release, next: 0, me: i }
+            }
+        })
+    }
+
+    /// Locks `key`, waiting for it; returns the hold and its fencing token, if any.
+    async fn lock(&mut self, key: &str) -> Result<(Held, Option<Token>), Error> {
+        match self {
+            Conn::Keyhome { client, .. } => {
+                let held = client.lock(key.as_bytes(), TTL, WAIT).await?;
+                let t = held.token();
+                Ok((Held::Keyhome(held), Some((t.epoch, t.incarnation, t.counter, t.local_seq))))
+            }
+            Conn::Etcd { client, lease } => {
+                let options = etcd_client::LockOptions::new().with_lease(*lease);
+                let answer = client.lock(key, Some(options)).await?;
+                let revision = answer.header().map_or(0, |h| h.revision()) as u64;
+                Ok((Held::Etcd(answer.key().to_vec()), Some((revision, 0, 0, 0))))
+            }
+            Conn::Zookeeper(client) => {
+                let dir = format!("/bench/{key}");
+                let prefix = zookeeper_client::LockPrefix::new_curator(&dir, "lock-")?;
+                let acl = zookeeper_client::Acls::anyone_all();
+                let options = zookeeper_client::LockOptions::new(acl)
+                    .with_ancestor_options(zookeeper_client::CreateMode::Persistent.with_acls(acl))?;
+                let lock = client.lock(prefix, b"", options).await?;
+                let path = lock.lock_path().to_owned();
+                // Released by the explicit delete in `unlock` (waited for, as every system's
+                // unlock is): the guard's own background delete would be a second request.
+                // Forgetting it leaks only its copy of the path.
+                std::mem::forget(lock);
+                let sequence = path.rsplit('-').next().and_then(|s| s.parse().ok()).unwrap_or(0);
+                Ok((Held::Zookeeper(path), Some((sequence, 0, 0, 0))))
+            }
+            Conn::Redis { conn, next, me, .. } => {
+                *next += 1;
+                let value = format!("{me}-{next}");
+                let deadline = Instant::now() + WAIT;
+                loop {
+                    let set: Option<String> = redis::cmd("SET")
+                        .arg(key)
+                        .arg(&value)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(TTL.as_millis() as u64)
+                        .query_async(conn)
+                        .await?;
+                    if set.is_some() {
+                        return Ok((Held::Redis { key: key.to_owned(), value }, None));
+                    }
+                    if Instant::now() > deadline {
+                        return Err("Redis: not locked within the wait".into());
+                    }
+                    tokio::time::sleep(REDIS_RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn unlock(&mut self, held: Held) -> Result<(), Error> {
+        match (self, held) {
+            (Conn::Keyhome { pipelined: true, .. }, Held::Keyhome(held)) => held.unlock_nowait(None).await?,
+            (Conn::Keyhome { .. }, Held::Keyhome(held)) => held.unlock(None).await?,
+            (Conn::Etcd { client, .. }, Held::Etcd(key)) => {
+                client.unlock(key).await?;
+            }
+            (Conn::Zookeeper(client), Held::Zookeeper(path)) => client.delete(&path, None).await?,
+            (Conn::Redis { conn, release, .. }, Held::Redis { key, value }) => {
+                let deleted: i64 = release.key(key).arg(value).invoke_async(conn).await?;
+                if deleted != 1 {
+                    return Err("Redis: the lock was gone at unlock".into());
+                }
+            }
+            _ => return Err("a hold unlocked through another system".into()),
+        }
+        Ok(())
+    }
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
+    samples.sort();
+    samples[((samples.len() - 1) as f64 * p).round() as usize]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+/// p50 of `iters` lock+unlock cycles on one connection, on `key(i)`.
+async fn latency(conn: &mut Conn, iters: usize, key: impl Fn(usize) -> String) -> Result<f64, Error> {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters {
+        let start = Instant::now();
+        let (held, _) = conn.lock(&key(i)).await?;
+        conn.unlock(held).await?;
+        samples.push(start.elapsed());
+    }
+    Ok(micros(percentile(&mut samples, 0.5)))
+}
+
+/// What the hot-key contenders saw.
+#[derive(Default)]
+struct Hot {
+    holder: Option<usize>,
+    last_holder: Option<usize>,
+    last_token: Option<Token>,
+    acquisitions: u64,
+    handoffs: u64,
+    overlaps: u64,
+    token_regressions: u64,
+    waits: Vec<Duration>,
+}
+
+/// [`NODES`] contenders, one per member, on one key for `seconds`.
+async fn hot_key(system: &System, cluster: &Cluster, key: &str, seconds: f64) -> Result<Hot, Error> {
+    let state = Arc::new(Mutex::new(Hot::default()));
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for me in 0..NODES {
+        let mut conn = Conn::open(system, cluster, me).await?;
+        let (state, key) = (Arc::clone(&state), key.to_owned());
+        tasks.spawn(async move {
+            while Instant::now() < deadline {
+                let asked = Instant::now();
+                let (held, token) = conn.lock(&key).await?;
+                {
+                    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+                    s.waits.push(asked.elapsed());
+                    s.overlaps += u64::from(s.holder.is_some());
+                    s.holder = Some(me);
+                    s.acquisitions += 1;
+                    s.handoffs += u64::from(s.last_holder.is_some_and(|h| h != me));
+                    s.last_holder = Some(me);
+                    if let Some(t) = token {
+                        s.token_regressions += u64::from(s.last_token.is_some_and(|last| last >= t));
+                        s.last_token = Some(t);
+                    }
+                }
+                // Hold across a scheduling point, so an overlapping holder would be seen.
+                tokio::task::yield_now().await;
+                state.lock().unwrap_or_else(|p| p.into_inner()).holder = None;
+                conn.unlock(held).await?;
+            }
+            Ok::<_, Error>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    let hot = std::mem::take(&mut *state.lock().unwrap_or_else(|p| p.into_inner()));
+    Ok(hot)
+}
+
+/// `clients` connections, each cycling on its own key for `seconds`; ops/s in all.
+async fn parallel(
+    system: &System,
+    cluster: &Cluster,
+    clients: usize,
+    prefix: &str,
+    seconds: f64,
+) -> Result<f64, Error> {
+    let mut conns = Vec::new();
+    for i in 0..clients {
+        conns.push(Conn::open(system, cluster, i).await?);
+    }
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, mut conn) in conns.into_iter().enumerate() {
+        let key = format!("{prefix}-{i}");
+        tasks.spawn(async move {
+            let mut ops = 0u64;
+            while Instant::now() < deadline {
+                let (held, _) = conn.lock(&key).await?;
+                conn.unlock(held).await?;
+                ops += 1;
+            }
+            Ok::<_, Error>(ops)
+        });
+    }
+    let mut ops = 0;
+    while let Some(done) = tasks.join_next().await {
+        ops += done??;
+    }
+    Ok(ops as f64 / start.elapsed().as_secs_f64())
+}
+
+/// p50 (ms) of `runs` runs of `command`, each of which must succeed.
+fn cli_p50(mut command: impl FnMut() -> std::process::Command, runs: usize) -> Result<f64, Error> {
+    let mut samples = Vec::new();
+    for _ in 0..runs {
+        let start = Instant::now();
+        let out = command().output()?;
+        if !out.status.success() {
+            return Err(format!("{:?} failed: {}", command(), String::from_utf8_lossy(&out.stderr)).into());
+        }
+        samples.push(start.elapsed());
+    }
+    Ok(percentile(&mut samples, 0.5).as_secs_f64() * 1e3)
+}
+
+/// One figure of one system in one round.
+#[derive(Clone, Debug)]
+struct Figure {
+    scenario: &'static str,
+    system: &'static str,
+    value: f64,
+    /// Anything to say beside the value (hot key details, a failure).
+    detail: String,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    if values.is_empty() { f64::NAN } else { values[values.len() / 2] }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_owned()
+}
+
+/// Prints one table per scenario: each system's value and keyhome ÷ it.
+fn print_tables(title: &str, figures: &[Figure], systems: &[System]) {
+    println!("\n## {title}\n");
+    let mut scenarios: Vec<&'static str> = figures.iter().map(|f| f.scenario).collect();
+    scenarios.dedup();
+    for scenario in scenarios {
+        println!("| {scenario} | value | keyhome ÷ it | details |\n| --- | ---: | ---: | --- |");
+        let of = |system: &str| figures.iter().find(|f| f.scenario == scenario && f.system == system);
+        let base = of("keyhome").map(|f| f.value);
+        for system in systems {
+            let Some(f) = of(system.name()) else { continue };
+            let ratio = base.map_or(String::new(), |b| format!("{:.2}", b / f.value));
+            println!("| {} | {:.1} | {ratio} | {} |", f.system, f.value, f.detail);
+        }
+        println!();
+    }
+    println!("What each system makes durable, and whether it gives a fencing token:\n");
+    for system in systems {
+        println!("- {}: {}", system.name(), system.guarantees());
+    }
+}
+
+async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize) -> Vec<Figure> {
+    let mut figures = Vec::new();
+    let mut push = |scenario, system: &System, result: Result<(f64, String), Error>| {
+        let (value, detail) = result.unwrap_or_else(|e| (f64::NAN, format!("FAILED: {e}")));
+        figures.push(Figure { scenario, system: system.name(), value, detail });
+    };
+    // Systems alternate: each round starts with another one.
+    let order: Vec<&System> =
+        systems.iter().cycle().skip(round % systems.len()).take(systems.len()).collect();
+    let r = round;
+    for system in &order {
+        let result = async {
+            let mut conn = Conn::open(system, cluster, 0).await?;
+            Ok((latency(&mut conn, args.iters, |_| format!("relock-{r}")).await?, String::new()))
+        };
+        push("re-lock, lock+unlock p50 (µs)", system, result.await);
+    }
+    for system in &order {
+        let name = system.name().replace(' ', "_").replace(['(', ')'], "");
+        let result = async {
+            let mut conn = Conn::open(system, cluster, 0).await?;
+            Ok((latency(&mut conn, args.iters, |i| format!("fresh-{name}-{r}-{i}")).await?, String::new()))
+        };
+        push("fresh key, lock+unlock p50 (µs)", system, result.await);
+    }
+    for system in &order {
+        let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await.map(|mut hot| {
+            let rate = hot.handoffs as f64 / args.seconds;
+            let detail = format!(
+                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}",
+                hot.acquisitions,
+                hot.handoffs,
+                micros(percentile(&mut hot.waits, 0.5)),
+                micros(percentile(&mut hot.waits, 0.99)),
+                hot.overlaps,
+                if matches!(system, System::Redis { .. }) {
+                    "n/a (no token)".into()
+                } else {
+                    hot.token_regressions.to_string()
+                },
+            );
+            (rate, detail)
+        });
+        push("hot key, 3 contenders on 3 members, handoffs/s", system, result);
+    }
+    for (clients, scenario) in
+        [(12, "12 clients, distinct keys, ops/s"), (48, "48 clients, distinct keys, ops/s")]
+    {
+        for system in &order {
+            let prefix = format!("par{clients}-{}-{r}", system.name().len());
+            let result = parallel(system, cluster, clients, &prefix, args.seconds).await;
+            push(scenario, system, result.map(|v| (v, String::new())));
+        }
+    }
+    let profile = cluster.dir.join("client-app/profile.toml");
+    let profile = profile.to_string_lossy().into_owned();
+    for system in &order {
+        let result = match system {
+            System::Keyhome { pipelined: false } => cli_p50(
+                || cluster.cli_command(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
+                args.cli_runs,
+            ),
+            System::Etcd(endpoints) => cli_p50(
+                || {
+                    let mut c = std::process::Command::new(&args.etcdctl);
+                    c.env("ETCDCTL_API", "3").args([
+                        "--endpoints",
+                        &endpoints.join(","),
+                        "lock",
+                        "cli-key",
+                        "true",
+                    ]);
+                    c
+                },
+                args.cli_runs,
+            ),
+            _ => continue,
+        };
+        push("CLI `lock k -- true` p50 (ms)", system, result.map(|v| (v, String::new())));
+    }
+    figures
+}
+
+fn split(list: &Option<String>) -> Option<Vec<String>> {
+    list.as_ref().map(|l| l.split(',').map(str::to_owned).collect())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let args = Args::parse();
+    let mut systems = vec![System::Keyhome { pipelined: false }, System::Keyhome { pipelined: true }];
+    systems.extend(split(&args.etcd).map(System::Etcd));
+    systems.extend(split(&args.zookeeper).map(System::Zookeeper));
+    systems.extend(args.redis.clone().map(|url| System::Redis { url, aof: false }));
+    systems.extend(args.redis_aof.clone().map(|url| System::Redis { url, aof: true }));
+
+    // Leases long enough that renewals are rare in a run, short enough that a fresh node's
+    // restart quarantine (one delegation lease) ends in seconds.
+    let timing = Timing {
+        home_lease: Duration::from_secs(2),
+        max_delegation_lease: Duration::from_secs(5),
+        clock_rate_ppm: 10_000,
+    };
+    let locks = LockSettings { delegation_lease_ms: 5000, ..LockSettings::default() };
+    let options = Options { nodes: NODES as u64, timing, locks };
+    let cluster = Cluster::start(options);
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    println!("# keyhome side by side: {} rounds; {}", args.rounds, std::env::consts::ARCH);
+    println!("systems: {}", systems.iter().map(System::name).collect::<Vec<_>>().join(", "));
+
+    let mut all = Vec::new();
+    for r in 0..args.rounds {
+        let load = loadavg();
+        let figures = round(&args, &cluster, &systems, r).await;
+        print_tables(
+            &format!("Round {} (load before: {load}; after: {})", r + 1, loadavg()),
+            &figures,
+            &systems,
+        );
+        all.extend(figures);
+    }
+    let mut medians = Vec::new();
+    let mut keys: Vec<(&'static str, &'static str)> = all.iter().map(|f| (f.scenario, f.system)).collect();
+    keys.sort();
+    keys.dedup();
+    for (scenario, system) in keys {
+        let values =
+            all.iter().filter(|f| f.scenario == scenario && f.system == system).map(|f| f.value).collect();
+        medians.push(Figure {
+            scenario,
+            system,
+            value: median(values),
+            detail: format!("median of {}", args.rounds),
+        });
+    }
+    // Keep the scenarios in the order they ran.
+    medians.sort_by_key(|m| all.iter().position(|f| f.scenario == m.scenario));
+    print_tables(&format!("Medians over {} rounds", args.rounds), &medians, &systems);
+    Ok(())
+}

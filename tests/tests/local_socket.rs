@@ -1,0 +1,333 @@
+//! The client API on a node's Unix socket (node/src/local.rs), against real `keyhome run`
+//! processes: identity from the peer's uid, refused peers, bad frames, many requests in flight,
+//! pipelined unlocks and relocks, sessions and lost-lock events as on QUIC.
+//!
+//! The harness lays every node out with a socket on which this test's uid is the client `app`
+//! (the identity of the `app` certificate on QUIC); tests that need other mappings rewrite a
+//! node's `[local]` table before starting it.
+
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use keyhome::client::{Client, ClientError};
+use keyhome::config::{LocalAllow, LocalRole, LocalSettings, NodeConfig, write_toml};
+use keyhome::wire::{ErrorKind, EventKind, LocalFrame, MAX_CLIENT_FRAME};
+use keyhome_epoch::{Change, NodeId};
+use keyhome_sim::cluster::{Cluster, Options, PATIENCE, key_homed_on};
+
+/// A ttl long enough that no test's handle runs out while the test uses it.
+const TTL: Duration = Duration::from_secs(20);
+/// A uid no account of the test machine uses.
+const STRANGER: u32 = 54_321;
+
+/// Lays a cluster out, lets `edit` change each node's `[local]` table, starts it and waits until
+/// every node serves epoch 1.
+async fn started_with(options: Options, edit: impl Fn(u64, &mut LocalSettings)) -> Cluster {
+    let mut cluster = Cluster::layout(options);
+    for id in cluster.ids() {
+        let path = cluster.node_config(id);
+        let mut config = NodeConfig::load(&path).expect("node.toml");
+        edit(id, config.local.as_mut().expect("the harness configures a local socket"));
+        write_toml(&path, &config).expect("rewrite node.toml");
+        cluster.start_node(id);
+    }
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    cluster
+}
+
+async fn started() -> Cluster {
+    started_with(Options::default(), |_, _| {}).await
+}
+
+fn own_uid() -> u32 {
+    rustix::process::getuid().as_raw()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peer_uid_decides_the_identity() {
+    // Node 1: the harness's mapping (this uid is the client `app`); node 2: no entries, so this
+    // uid (the node's own) is the operator; node 3: only a stranger's uid is mapped.
+    let cluster = started_with(Options::default(), |id, local| match id {
+        2 => local.allow.clear(),
+        3 => {
+            local.allow =
+                vec![LocalAllow { uid: Some(STRANGER), gid: None, role: LocalRole::Operator, name: None }]
+        }
+        _ => {}
+    })
+    .await;
+    let app = cluster.local_client(1).await;
+    let hello = app.local_identity().expect("a local connection");
+    assert_eq!((hello.node, hello.identity.as_str()), (NodeId(1), "client-app.keyhome"));
+
+    // A handle locked on the socket belongs to the identity, whichever transport: the `app`
+    // certificate takes it over on QUIC, the operator certificate may not.
+    let key = key_homed_on("local-owned", &[1, 2, 3], 2);
+    let serial = app.lock(&key, TTL, PATIENCE).await.expect("lock on the socket").forget();
+    let operator = cluster.operator(1).await;
+    let err = operator.renew(serial, TTL).await.expect_err("another identity renewed the handle");
+    assert_eq!(err.kind(), Some(ErrorKind::Forbidden), "{err}");
+    let quic_app = cluster.client(1).await;
+    quic_app.unlock(serial, Some(b"over quic".to_vec())).await.expect("the same identity on QUIC unlocks it");
+    let next = app.lock(&key, TTL, PATIENCE).await.expect("lock again on the socket");
+    assert_eq!(next.note(), Some(&b"over quic"[..]));
+    next.unlock(None).await.expect("unlock");
+
+    // A client may not change the membership; the operator identity may (here: it is refused by
+    // the epoch layer, not for its identity).
+    let err = app.propose(Change::Remove(NodeId(3))).await.expect_err("a client proposed a change");
+    assert_eq!(err.kind(), Some(ErrorKind::Forbidden), "{err}");
+    let op = cluster.local_client(2).await;
+    assert_eq!(op.local_identity().map(|h| h.identity.as_str()), Some("operator.keyhome"));
+    let err = op.propose(Change::Remove(NodeId(9))).await.expect_err("removing a non-member");
+    assert_ne!(err.kind(), Some(ErrorKind::Forbidden), "the operator was refused for its identity: {err}");
+
+    // An unmapped uid is refused at connect, with the reason.
+    let err = Client::connect_local(&cluster.local_socket(3)).await.err().expect("an unmapped uid connected");
+    let text = err.to_string();
+    assert!(matches!(err, ClientError::LocalConnect { .. }), "{text}");
+    assert!(text.contains(&format!("uid {} ", own_uid())) && text.contains("not allowed"), "{text}");
+}
+
+/// Runs the built `keyhome status` as the uid [`STRANGER`] (with `setpriv`) against the profile
+/// at `profile`; returns its stderr, or `None` where `setpriv` is missing.
+fn status_as_stranger(cluster: &Cluster, profile: &Path) -> Option<String> {
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"].into_iter().find(|p| Path::new(p).exists())?;
+    let keyhome = cluster.cli_command(&[]).get_program().to_owned();
+    let out = std::process::Command::new(setpriv)
+        .args(["--reuid", &STRANGER.to_string(), "--regid", &STRANGER.to_string(), "--clear-groups"])
+        .arg(keyhome)
+        .args(["status", "--profile"])
+        .arg(profile)
+        .current_dir("/")
+        .output()
+        .expect("run setpriv");
+    assert!(!out.status.success(), "the stranger read the status");
+    Some(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_without_permission_or_mapping_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let cluster = started().await;
+    let socket = cluster.local_socket(1);
+    let mode = std::fs::metadata(&socket).expect("the socket file").permissions().mode();
+    assert_eq!(mode & 0o777, 0o660, "created with the configured mode");
+
+    // Let the stranger reach the socket file and read a profile that names it.
+    let mut dir = socket.parent().map(Path::to_path_buf);
+    while let Some(d) = dir.filter(|d| d.starts_with(std::env::temp_dir()) && *d != std::env::temp_dir()) {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).expect("open the directory");
+        dir = d.parent().map(Path::to_path_buf);
+    }
+    let mut profile = cluster.client_profile(1);
+    profile.socket = Some(socket.clone());
+    let profile_path = cluster.dir.join("stranger.toml");
+    write_toml(&profile_path, &profile).expect("write the profile");
+    std::fs::set_permissions(&profile_path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+
+    // No write permission on the socket file (mode 0660, owned by this uid): the kernel refuses.
+    let Some(stderr) = status_as_stranger(&cluster, &profile_path) else {
+        eprintln!("setpriv not found: the permission and other-uid checks were skipped");
+        return;
+    };
+    assert!(stderr.contains("local socket") && stderr.contains("Permission denied"), "{stderr}");
+    // With the file open to everyone, the node refuses the unmapped uid itself.
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).expect("chmod the socket");
+    let stderr = status_as_stranger(&cluster, &profile_path).expect("setpriv ran before");
+    assert!(stderr.contains(&format!("uid {STRANGER} ")) && stderr.contains("not allowed"), "{stderr}");
+    // The mapped uid is still served.
+    cluster.local_client(1).await.status().await.expect("status on the socket");
+}
+
+/// A raw connection to `socket`, past the node's hello.
+fn raw_connection(socket: &Path) -> std::os::unix::net::UnixStream {
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+    assert!(matches!(read_frame(&mut stream), Some(LocalFrame::Hello(_))));
+    stream
+}
+
+/// The next frame from the node; `None` at the end of the stream.
+fn read_frame(stream: &mut std::os::unix::net::UnixStream) -> Option<LocalFrame> {
+    let mut prefix = [0u8; 4];
+    stream.read_exact(&mut prefix).ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+    stream.read_exact(&mut body).expect("a whole frame");
+    Some(keyhome::wire::decode(&body).expect("a frame the node sent decodes"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_frames_end_the_connection_and_the_node_keeps_serving() {
+    let cluster = started().await;
+    let socket = cluster.local_socket(1);
+    let oversized = (MAX_CLIENT_FRAME as u32 + 1).to_be_bytes().to_vec();
+    let garbage = vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+    let trailing = {
+        let call = keyhome::wire::LocalRequest::Call { id: 1, request: keyhome::wire::Request::Status };
+        let mut frame = keyhome::wire::encode(&call, MAX_CLIENT_FRAME).expect("encode");
+        frame[3] += 1;
+        frame.push(0);
+        frame
+    };
+    for (what, bytes, says) in [
+        ("oversized", oversized, "frame size too big"),
+        ("malformed", garbage, "malformed frame"),
+        ("trailing bytes", trailing, "left over"),
+    ] {
+        let mut stream = raw_connection(&socket);
+        stream.write_all(&bytes).expect("send");
+        match read_frame(&mut stream) {
+            Some(LocalFrame::Refused(e)) => {
+                assert_eq!(e.kind, ErrorKind::Invalid, "{what}: {e:?}");
+                assert!(e.message.contains(says), "{what}: {e:?}");
+                println!("{what} frame: {}", e.message);
+            }
+            other => panic!("{what} frame answered {other:?}"),
+        }
+        assert!(read_frame(&mut stream).is_none(), "{what}: the node closes the connection");
+    }
+    // A frame cut short, then the end of the stream: the node just closes.
+    let mut stream = raw_connection(&socket);
+    stream.write_all(&[0, 0, 0, 100, 1, 2, 3]).expect("send");
+    stream.shutdown(std::net::Shutdown::Write).expect("shutdown");
+    assert!(matches!(read_frame(&mut stream), Some(LocalFrame::Refused(_)) | None));
+    cluster.local_client(1).await.status().await.expect("the node still serves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_requests_in_flight_on_one_connection_within_its_bound() {
+    const MAX: usize = 4;
+    let cluster = started_with(Options::default(), |id, local| {
+        if id == 2 {
+            local.max_in_flight = MAX;
+        }
+    })
+    .await;
+
+    // 64 locks on distinct keys at once on one connection: all admitted, tokens distinct.
+    let client = cluster.local_client(1).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let client = client.clone();
+        calls.spawn(async move { client.lock(format!("many-{i}").as_bytes(), TTL, PATIENCE).await });
+    }
+    let mut held = Vec::new();
+    while let Some(done) = calls.join_next().await {
+        held.push(done.expect("task").expect("lock in flight"));
+    }
+    let mut tokens: Vec<_> = held.iter().map(|h| (h.token(), h.handle())).collect();
+    tokens.sort();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 64, "one handle and token each");
+    for h in held {
+        h.unlock(None).await.expect("unlock");
+    }
+
+    // Past the bound: with a key held elsewhere, MAX waiting locks are in flight on node 2's
+    // connection, and the ones after them are refused at once.
+    let key = key_homed_on("bounded", &[1, 2, 3], 3);
+    let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
+    let client = cluster.local_client(2).await;
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..MAX + 2 {
+        let (client, key) = (client.clone(), key.clone());
+        calls.spawn(async move { client.lock(&key, TTL, PATIENCE).await.map(|l| l.forget()) });
+    }
+    for _ in 0..2 {
+        let err =
+            calls.join_next().await.expect("a call").expect("task").expect_err("admitted past the bound");
+        assert_eq!(err.kind(), Some(ErrorKind::Unavailable), "{err}");
+        assert!(err.to_string().contains("too many requests in flight"), "{err}");
+    }
+    assert!(calls.try_join_next().is_none(), "the other calls still wait");
+    drop(calls);
+    holder.unlock(None).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipelined_unlock_is_seen_by_the_next_request_and_relock_is_one_call() {
+    let cluster = started().await;
+    let key = key_homed_on("pipelined", &[1, 2, 3], 2);
+    let client = cluster.local_client(1).await;
+    let mut last = client.lock(&key, TTL, PATIENCE).await.expect("first lock");
+    for i in 0..200 {
+        let token = last.token();
+        last.unlock_nowait(None).await.expect("send the unlock");
+        // Not waiting: the unlock was started before this lock is read, so it is admitted at once.
+        last = client
+            .try_lock(&key, TTL)
+            .await
+            .unwrap_or_else(|e| panic!("re-lock {i} did not see the unlock: {e}"));
+        assert!(last.token() > token, "tokens increase");
+    }
+    for relocking in [client.clone(), cluster.client(1).await] {
+        let first = relocking.lock(b"relocked", TTL, PATIENCE).await.expect("lock");
+        let before = first.token();
+        let again =
+            first.relock(Some(b"n".to_vec()), b"relocked", TTL, Duration::ZERO).await.expect("relock");
+        assert!(again.token() > before, "a new handle");
+        assert_eq!(again.note(), Some(&b"n"[..]), "the unlock's note is handed to the relock");
+        again.unlock(None).await.expect("unlock");
+    }
+    last.unlock(None).await.expect("unlock");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_and_lost_lock_events_work_as_on_quic() {
+    let cluster = started().await;
+    let key = key_homed_on("recalled", &[1, 2, 3], 2);
+    let client = cluster.local_client(1).await;
+    let mut events = client.events().await.expect("subscribe");
+
+    // Another node's client wants the key: the holder is told to hurry (event 1).
+    let held = client.lock(&key, TTL, PATIENCE).await.expect("lock");
+    let other = cluster.client(3).await;
+    let waiter = tokio::spawn(async move { other.lock(&key, TTL, PATIENCE).await.map(|l| l.token()) });
+    let event =
+        tokio::time::timeout(PATIENCE, events.next()).await.expect("an event in time").expect("event");
+    assert_eq!((event.seq, event.handle), (1, held.handle()));
+    assert!(matches!(event.kind, EventKind::Recalled { .. }), "{event:?}");
+    let token = held.token();
+    held.unlock(None).await.expect("unlock");
+    assert!(waiter.await.expect("task").expect("the waiter gets the key") > token);
+
+    // A handle left to its deadline expires (event 2).
+    let short = client.lock(b"expiring", Duration::from_millis(300), PATIENCE).await.expect("lock");
+    let event =
+        tokio::time::timeout(PATIENCE, events.next()).await.expect("an event in time").expect("event");
+    assert_eq!((event.seq, event.handle, event.kind), (2, short.handle(), EventKind::Expired));
+    let err = short.unlock(None).await.expect_err("unlock after the deadline");
+    assert_eq!(err.kind(), Some(ErrorKind::Lost), "{err}");
+
+    // A closed connection's handles live on; a new connection of the identity takes them over.
+    let serial = client.lock(b"kept", TTL, PATIENCE).await.expect("lock").forget();
+    drop((events, client));
+    let sent = Instant::now();
+    let again = cluster.local_client(1).await;
+    let valid_for = again.renew(serial, TTL).await.expect("the identity renews its handle");
+    assert!(valid_for > Duration::ZERO && sent.elapsed() < TTL);
+    again.unlock(serial, None).await.expect("and unlocks it");
+}
+
+/// `worker_threads` in `node.toml` sizes `keyhome run`'s runtime: the harness, like `keyhome dev`,
+/// gives each of the nodes sharing this host an equal share of its cores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_sharing_a_host_run_their_share_of_worker_threads() {
+    let cluster = started().await;
+    let workers = keyhome::setup::shared_host_workers(cluster.options.nodes);
+    for id in cluster.ids() {
+        let config = NodeConfig::load(&cluster.node_config(id)).expect("node.toml");
+        assert_eq!(config.worker_threads, workers);
+        let pid = cluster.pid(id).expect("running");
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the node's threads");
+        let runtime_workers = tasks
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            // tokio names its workers `tokio-rt-worker` (older versions `tokio-runtime-worker`,
+            // which `comm` cuts to 15 characters).
+            .filter(|name| name.starts_with("tokio-rt-worker") || name.starts_with("tokio-runtime-w"))
+            .count();
+        assert_eq!(runtime_workers, workers, "node {id}");
+    }
+}
