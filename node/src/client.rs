@@ -258,12 +258,19 @@ impl Client {
         }
     }
 
-    /// Lost-handle events for the handles of this connection.
+    /// Lost-handle events for the handles of this connection, once the node confirmed the
+    /// subscription. One live event stream per connection: a second fails
+    /// ([`ErrorKind::Invalid`]) while the first is open.
     pub async fn events(&self) -> Result<Events, ClientError> {
         let open = async {
-            let (mut send, recv) = self.conn.open_bi().await?;
+            let (mut send, mut recv) = self.conn.open_bi().await?;
             wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
-            Ok(Events { _send: send, recv })
+            match wire::read_frame(&mut recv, MAX_CLIENT_FRAME).await? {
+                Some(Response::Subscribed) => Ok(Events { _send: send, recv }),
+                Some(Response::Error(e)) => Err(ClientError::Api(e)),
+                Some(_) => Err(ClientError::Unexpected),
+                None => Err(ClientError::NoAnswer),
+            }
         };
         tokio::time::timeout(self.timeout, open)
             .await

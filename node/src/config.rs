@@ -93,6 +93,9 @@ pub struct NodeConfig {
     /// Local lock settings.
     #[serde(default)]
     pub locks: LockSettings,
+    /// Caps against hostile load (docs/operations.md, "Limits and hostile load").
+    #[serde(default, skip_serializing_if = "crate::admission::Limits::is_default")]
+    pub limits: crate::admission::Limits,
 }
 
 /// Tuning of the delegation layer on one node; all durations in milliseconds.
@@ -123,6 +126,10 @@ impl NodeConfig {
         {
             *p = resolve(&base, p);
         }
+        config
+            .limits
+            .check()
+            .map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         Ok(config)
     }
 
@@ -309,6 +316,7 @@ mod tests {
             key: "key.pem".into(),
             genesis: "genesis.toml".into(),
             locks: LockSettings::default(),
+            limits: Default::default(),
         };
         assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());
         assert!(config("0.0.0.0:7100").check_listen(&epoch).is_ok(), "any address with the port");

@@ -520,6 +520,8 @@ impl Core {
             homed_delegations: self.home.delegations(),
             lock_delay_keys: self.home.keys_in_lock_delay(),
             counters: self.counters,
+            duplicate_ids: Vec::new(),
+            load: Default::default(),
         }
     }
 

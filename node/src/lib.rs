@@ -6,8 +6,11 @@
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
+//! - [`admission`]: caps on handshakes, connections and request bytes; [`ratelog`]: log lines
+//!   outsiders can cause, rate-limited.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 
+pub mod admission;
 pub mod api;
 #[cfg(feature = "bug-injection")]
 pub mod bugs;
@@ -18,6 +21,7 @@ pub mod core;
 pub mod embedded;
 pub mod peers;
 pub mod pki;
+pub mod ratelog;
 pub mod runtime;
 pub mod setup;
 pub mod status;

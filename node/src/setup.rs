@@ -108,6 +108,7 @@ pub fn write_node_config(
         key: "key.pem".into(),
         genesis: "../genesis.toml".into(),
         locks,
+        limits: Default::default(),
     };
     let path = dir.join("node.toml");
     write_toml(&path, &config)?;

@@ -15,6 +15,7 @@ pub mod check;
 pub mod clock;
 pub mod cluster;
 pub mod fuzz;
+pub mod hostile;
 pub mod locks;
 pub mod queue;
 pub mod rng;
