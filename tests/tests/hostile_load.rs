@@ -8,14 +8,14 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyhome::pki::{self, CLIENT_STREAMS, Role};
+use keyhome::pki::{CLIENT_STREAMS, Role};
 use keyhome::status::{Counters, Status};
 use keyhome::wire::{CloseCode, ErrorKind, MAX_CLIENT_FRAME, Request, Response};
 use keyhome_epoch::NodeId;
-use keyhome_sim::cluster::{Cluster, Options, PATIENCE, eventually, key_homed_on};
-use keyhome_sim::hostile::Target;
+use keyhome_sim::cluster::{Cluster, Options, PATIENCE, POLL, eventually, key_homed_on};
 use keyhome_sim::hostile::attack::{self, Outcome};
 use keyhome_sim::hostile::measure::{Control, log_lines};
+use keyhome_sim::hostile::{Target, identity};
 
 /// Node 1's limits in this test (node 2 keeps the defaults).
 const PER_IDENTITY: usize = 8;
@@ -37,15 +37,6 @@ fn limits_toml() -> String {
          request_bytes_per_identity = {BYTES_PER_IDENTITY}\n",
         REQUEST_TIMEOUT.as_millis()
     )
-}
-
-/// One connection of mallory's, from 127.0.0.1 (the endpoint must outlive it).
-async fn mallory(target: &Arc<Target>) -> (quinn::Endpoint, quinn::Connection) {
-    let endpoint = attack::endpoint(ip("127.0.0.1"));
-    match attack::open(&endpoint, target, &attack::client_config(target, &target.mallory)).await {
-        Outcome::Open(conn) => (endpoint, conn),
-        other => panic!("mallory cannot connect: {other:?}"),
-    }
 }
 
 fn ip(s: &str) -> IpAddr {
@@ -82,7 +73,7 @@ async fn the_transport_holds_under_hostile_load() {
     unauthenticated_handshakes_are_refused_quietly(&cluster, &target).await;
     malformed_requests_and_trailing_bytes_are_refused(&cluster, &target).await;
     a_second_subscription_is_refused(&cluster).await;
-    a_second_process_claiming_a_node_id_is_shown(&cluster).await;
+    a_second_process_claiming_a_node_id_is_shown(&cluster, &target).await;
 
     control.take();
     control.wait_locks(3).await;
@@ -94,7 +85,7 @@ async fn the_transport_holds_under_hostile_load() {
 /// serves a request once the stalled ones time out; each stalled one is answered with why.
 async fn stalled_streams_do_not_wedge_a_connection(cluster: &Cluster, target: &Arc<Target>) {
     let before = counters(cluster).await;
-    let (_endpoint, conn) = mallory(target).await;
+    let (_endpoint, conn) = attack::mallory(target).await;
     let streams = CLIENT_STREAMS as usize;
     let mut stalled =
         attack::stall_many(std::slice::from_ref(&conn), streams, &attack::stalling(64 << 10, 2, 0));
@@ -139,7 +130,7 @@ async fn request_bytes_are_bounded_per_identity(cluster: &Cluster, target: &Arc<
                 let error = done.expect("a stall task").expect("a stalled request is answered");
                 assert!(error.message.contains("did not arrive whole within"), "{error:?}");
             }
-            status = cluster.try_status(1) => {
+            status = polled(cluster) => {
                 if let Ok(status) = status {
                     statuses += 1;
                     most = most.max(status.load.request_bytes);
@@ -175,10 +166,7 @@ async fn connections_are_capped(cluster: &Cluster, target: &Arc<Target>) {
         assert!(reason.contains("limits.max_connections_per_identity"), "{reason}");
     }
     // The operator fills the node up to its total.
-    let operator = {
-        let dir = keyhome::setup::identity_dir(&cluster.dir, &Role::Operator);
-        pki::Identity::load(dir.join("cert.pem"), dir.join("key.pem")).expect("the operator's identity")
-    };
+    let operator = identity(cluster, &Role::Operator);
     let room = TOTAL - (clients_before + PER_IDENTITY);
     let outcomes =
         attack::open_many(&endpoint, target, &attack::client_config(target, &operator), room + 2, 1).await;
@@ -198,6 +186,13 @@ async fn connections_are_capped(cluster: &Cluster, target: &Arc<Target>) {
     })
     .await;
     assert!(attack::open(&endpoint, target, &config).await.is_open(), "mallory connects again");
+}
+
+/// Node 1's status, then a pause of the harness's poll interval.
+async fn polled(cluster: &Cluster) -> Result<Status, String> {
+    let status = cluster.try_status(1).await;
+    tokio::time::sleep(POLL).await;
+    status
 }
 
 fn split(outcomes: Vec<Outcome>) -> (Vec<quinn::Connection>, Vec<(u64, String)>) {
@@ -276,7 +271,7 @@ async fn unauthenticated_handshakes_are_refused_quietly(cluster: &Cluster, targe
 /// counted; the connection goes on serving.
 async fn malformed_requests_and_trailing_bytes_are_refused(cluster: &Cluster, target: &Arc<Target>) {
     let before = counters(cluster).await;
-    let (_endpoint, conn) = mallory(target).await;
+    let (_endpoint, conn) = attack::mallory(target).await;
     for (what, frame, says) in [
         ("trailing bytes", attack::with_trailing_bytes(&Request::Status, 2), "2 bytes left over"),
         ("garbage", attack::garbage_frame(), "malformed request"),
@@ -309,18 +304,9 @@ async fn a_second_subscription_is_refused(cluster: &Cluster) {
 
 /// A connection presenting node 2's certificate from another address while node 2 is connected:
 /// `keyhome status` names the id and both addresses until it ends.
-async fn a_second_process_claiming_a_node_id_is_shown(cluster: &Cluster) {
-    let node2 = cluster.node_dir(2);
-    let identity =
-        pki::Identity::load(node2.join("cert.pem"), node2.join("key.pem")).expect("node 2's identity");
-    let ca = pki::load_ca(cluster.dir.join("ca.pem")).expect("the cluster CA");
-    let config = pki::client_config(&identity, &ca, pki::ALPN_PEER).expect("a peer configuration");
-    let endpoint = attack::endpoint(ip("127.0.0.7"));
-    let conn = endpoint
-        .connect_with(config, cluster.addr(1), &pki::server_name(NodeId(1)))
-        .expect("a connection attempt")
-        .await
-        .expect("connect as node 2");
+async fn a_second_process_claiming_a_node_id_is_shown(cluster: &Cluster, target: &Arc<Target>) {
+    let node2 = identity(cluster, &Role::Node(NodeId(2)));
+    let (endpoint, conn) = attack::peer_connection(target, &node2, ip("127.0.0.7")).await;
     let impostor = endpoint.local_addr().expect("the impostor's address").to_string();
     let status = wait_load(cluster, "two addresses claim node 2", |s| {
         s.duplicate_ids.iter().any(|d| d.id == 2 && d.addrs.len() == 2 && d.addrs.contains(&impostor))

@@ -91,6 +91,28 @@ pub async fn open(endpoint: &Endpoint, target: &Target, config: &ClientConfig) -
     }
 }
 
+/// A connection of [`Target::mallory`] from 127.0.0.1, and its endpoint (which must outlive it).
+pub async fn mallory(target: &Target) -> (Endpoint, Connection) {
+    let endpoint = endpoint("127.0.0.1".parse().expect("loopback"));
+    match open(&endpoint, target, &client_config(target, &target.mallory)).await {
+        Outcome::Open(conn) => (endpoint, conn),
+        other => panic!("mallory cannot connect: {other:?}"),
+    }
+}
+
+/// A peer connection to `target` from `ip` presenting `identity` (a node's): what a second
+/// process running as that node opens.
+pub async fn peer_connection(target: &Target, identity: &Identity, ip: IpAddr) -> (Endpoint, Connection) {
+    let config = pki::client_config(identity, &target.ca, pki::ALPN_PEER).expect("a peer configuration");
+    let endpoint = endpoint(ip);
+    let conn = endpoint
+        .connect_with(config, target.addr, &pki::server_name(NodeId(target.node)))
+        .expect("a connection attempt")
+        .await
+        .expect("a peer connection");
+    (endpoint, conn)
+}
+
 /// Opens `n` connections, `concurrency` at a time, from `endpoint`.
 pub async fn open_many(
     endpoint: &Endpoint,
@@ -157,6 +179,25 @@ pub async fn stall(conn: Connection, bytes: Arc<[u8]>) -> Result<ApiError, Strin
         Ok(Some(Response::Error(e))) => Ok(e),
         other => Err(format!("{other:?}")),
     }
+}
+
+/// Stalls request streams of `bytes` on `conn` one after another (a new one as soon as the
+/// node gives up on the last) until `end`; returns how many the node refused.
+pub async fn keep_stalling(conn: Connection, bytes: Arc<[u8]>, end: Instant) -> u64 {
+    let mut refused = 0;
+    while Instant::now() < end {
+        match tokio::time::timeout(
+            end.saturating_duration_since(Instant::now()),
+            stall(conn.clone(), Arc::clone(&bytes)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => refused += 1,
+            Ok(Err(_)) => return refused,
+            Err(_) => break,
+        }
+    }
+    refused
 }
 
 /// Starts `streams` stalled request streams of `bytes` on each of `conns`.

@@ -7,12 +7,14 @@
 //!   requests.
 //! - [`measure`]: what the node costs meanwhile: its RSS (from `/proc`), the bytes of log it
 //!   wrote, and a control client that keeps locking and records each lock's latency.
+//! - [`run`]: the probes of the long run (`keyhome-hostile`), each against a fresh cluster.
 //!
 //! Every target is a loopback address; attacks from their "own" address bind to another address
 //! of 127.0.0.0/8.
 
 pub mod attack;
 pub mod measure;
+pub mod run;
 
 use std::net::SocketAddr;
 
@@ -34,6 +36,13 @@ pub struct Target {
     pub stranger: Identity,
 }
 
+/// The identity `role` was issued in `cluster` (its certificate and key).
+pub fn identity(cluster: &Cluster, role: &Role) -> Identity {
+    let dir = setup::identity_dir(&cluster.dir, role);
+    Identity::load(dir.join("cert.pem"), dir.join("key.pem"))
+        .unwrap_or_else(|e| panic!("{role}'s identity: {e}"))
+}
+
 /// The client name of [`Target::mallory`].
 pub const MALLORY: &str = "mallory";
 
@@ -46,7 +55,7 @@ impl Target {
             let ca = setup::load_ca(&cluster.dir).expect("the cluster CA");
             setup::issue(&cluster.dir, &ca, &role).expect("issue mallory's certificate");
         }
-        let mallory = Identity::load(dir.join("cert.pem"), dir.join("key.pem")).expect("mallory's identity");
+        let mallory = identity(cluster, &role);
         let other_ca = pki::generate_ca("not the cluster CA").expect("a CA");
         let stranger = pki::issue(&other_ca, &Role::Client("app".into()))
             .and_then(|issued| issued.identity())
