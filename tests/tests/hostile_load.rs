@@ -88,7 +88,9 @@ async fn stalled_streams_do_not_wedge_a_connection(cluster: &Cluster, target: &A
     let (_endpoint, conn) = attack::mallory(target).await;
     let streams = CLIENT_STREAMS as usize;
     let mut stalled =
-        attack::stall_many(std::slice::from_ref(&conn), streams, &attack::stalling(64 << 10, 2, 0));
+        attack::stall_many(std::slice::from_ref(&conn), streams, &attack::stalling(64 << 10, 2, 0))
+            .await
+            .expect("open the stalled streams");
     let answer = tokio::time::timeout(PATIENCE, attack::call(&conn, &Request::Status))
         .await
         .expect("a request on a connection full of stalled streams is answered once they time out");
@@ -120,7 +122,9 @@ async fn request_bytes_are_bounded_per_identity(cluster: &Cluster, target: &Arc<
         })
         .collect();
     let claimed = 64 << 10;
-    let mut stalled = attack::stall_many(&conns, 16, &attack::stalling(claimed, 4, claimed as usize - 1));
+    let mut stalled = attack::stall_many(&conns, 16, &attack::stalling(claimed, 4, claimed as usize - 1))
+        .await
+        .expect("open the stalled streams");
     let mut most = 0;
     let mut statuses = 0;
     while !stalled.is_empty() {

@@ -169,7 +169,15 @@ pub fn stalling(claimed: u32, prefix: usize, body: usize) -> Arc<[u8]> {
 /// A request stream that sends `bytes` and then nothing, not even its end; resolves to the
 /// node's answer (the error it was refused with) or why there was none.
 pub async fn stall(conn: Connection, bytes: Arc<[u8]>) -> Result<ApiError, String> {
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let (send, recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    stall_on(send, recv, bytes).await
+}
+
+async fn stall_on(
+    mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
+    bytes: Arc<[u8]>,
+) -> Result<ApiError, String> {
     // Stopped by the node when it gives up on the request (the write may be blocked by flow
     // control until then).
     let _ = send.write_all(&bytes).await;
@@ -185,34 +193,31 @@ pub async fn stall(conn: Connection, bytes: Arc<[u8]>) -> Result<ApiError, Strin
 /// node gives up on the last) until `end`; returns how many the node refused.
 pub async fn keep_stalling(conn: Connection, bytes: Arc<[u8]>, end: Instant) -> u64 {
     let mut refused = 0;
-    while Instant::now() < end {
-        match tokio::time::timeout(
-            end.saturating_duration_since(Instant::now()),
-            stall(conn.clone(), Arc::clone(&bytes)),
-        )
-        .await
-        {
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        match tokio::time::timeout(left, stall(conn.clone(), Arc::clone(&bytes))).await {
             Ok(Ok(_)) => refused += 1,
-            Ok(Err(_)) => return refused,
-            Err(_) => break,
+            Ok(Err(_)) | Err(_) => break,
         }
     }
     refused
 }
 
-/// Starts `streams` stalled request streams of `bytes` on each of `conns`.
-pub fn stall_many(
+/// Opens `streams` request streams on each of `conns` (returning once all are open, so the
+/// connections' stream credit is taken) and stalls each with `bytes`; the tasks resolve as
+/// [`stall`]'s do.
+pub async fn stall_many(
     conns: &[Connection],
     streams: usize,
     bytes: &Arc<[u8]>,
-) -> JoinSet<Result<ApiError, String>> {
+) -> Result<JoinSet<Result<ApiError, String>>, ConnectionError> {
     let mut tasks = JoinSet::new();
     for conn in conns {
         for _ in 0..streams {
-            tasks.spawn(stall(conn.clone(), Arc::clone(bytes)));
+            let (send, recv) = conn.open_bi().await?;
+            tasks.spawn(stall_on(send, recv, Arc::clone(bytes)));
         }
     }
-    tasks
+    Ok(tasks)
 }
 
 /// A frame of `request` with `extra` bytes after the value, the prefix counting them.

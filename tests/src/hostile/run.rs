@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyhome::pki::Role;
+use keyhome::pki::{self, Role};
 use keyhome::wire::{CloseCode, Request, Response};
 use keyhome_epoch::NodeId;
 
@@ -192,9 +192,19 @@ async fn malformed_requests(target: &Arc<Target>, hold: Duration) -> String {
 /// 100 streams with two bytes of a length prefix on one connection, then a request on it.
 async fn idle_streams(target: &Arc<Target>) -> String {
     let (_endpoint, conn) = attack::mallory(target).await;
-    let _stalled = attack::stall_many(std::slice::from_ref(&conn), 100, &attack::stalling(64 << 10, 2, 0));
+    let bytes = attack::stalling(64 << 10, 2, 0);
+    // The first 64 (the connection's stream limit) are open before the request is sent; the rest
+    // and the request wait for stream credit.
+    let first = attack::stall_many(std::slice::from_ref(&conn), pki::CLIENT_STREAMS as usize, &bytes).await;
+    let rest: Vec<_> = (pki::CLIENT_STREAMS..100)
+        .map(|_| tokio::spawn(attack::stall(conn.clone(), Arc::clone(&bytes))))
+        .collect();
     let sent = Instant::now();
     let answer = attack::call(&conn, &Request::Status).await;
+    drop(first);
+    for task in rest {
+        task.abort();
+    }
     let took = sent.elapsed();
     conn.close(0u32.into(), b"done");
     match answer {
