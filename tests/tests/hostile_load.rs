@@ -85,7 +85,11 @@ async fn the_transport_holds_under_hostile_load() {
 /// serves a request once the stalled ones time out; each stalled one is answered with why.
 async fn stalled_streams_do_not_wedge_a_connection(cluster: &Cluster, target: &Arc<Target>) {
     let before = counters(cluster).await;
-    let (_endpoint, conn) = attack::mallory(target).await;
+    // A fresh connection: its whole stream credit goes to the stalled streams.
+    let endpoint = attack::endpoint(ip("127.0.0.1"));
+    let conn = attack::connect(&endpoint, target, &attack::client_config(target, &target.mallory))
+        .await
+        .expect("mallory connects");
     let streams = CLIENT_STREAMS as usize;
     let mut stalled =
         attack::stall_many(std::slice::from_ref(&conn), streams, &attack::stalling(64 << 10, 2, 0))

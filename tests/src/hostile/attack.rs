@@ -72,14 +72,9 @@ fn outcome_of(e: ConnectionError) -> Outcome {
 /// Connects to `target` with `config` and asks for the node's status, to learn whether the node
 /// kept the connection (a connection over a cap is closed before any request is served).
 pub async fn open(endpoint: &Endpoint, target: &Target, config: &ClientConfig) -> Outcome {
-    let name = pki::server_name(NodeId(target.node));
-    let connecting = match endpoint.connect_with(config.clone(), target.addr, &name) {
-        Ok(connecting) => connecting,
-        Err(e) => return Outcome::Failed(e.to_string()),
-    };
-    let conn = match connecting.await {
+    let conn = match connect(endpoint, target, config).await {
         Ok(conn) => conn,
-        Err(e) => return outcome_of(e),
+        Err(outcome) => return outcome,
     };
     match tokio::time::timeout(PATIENCE, call(&conn, &Request::Status)).await {
         Ok(Ok(_)) => Outcome::Open(conn),
@@ -89,6 +84,20 @@ pub async fn open(endpoint: &Endpoint, target: &Target, config: &ClientConfig) -
         },
         Err(_) => Outcome::Failed("no answer".into()),
     }
+}
+
+/// A QUIC connection to `target` with `config`, its handshake done (whether the node keeps it is
+/// not known yet: see [`open`]). Its stream credit is untouched.
+pub async fn connect(
+    endpoint: &Endpoint,
+    target: &Target,
+    config: &ClientConfig,
+) -> Result<Connection, Outcome> {
+    let name = pki::server_name(NodeId(target.node));
+    let connecting = endpoint
+        .connect_with(config.clone(), target.addr, &name)
+        .map_err(|e| Outcome::Failed(e.to_string()))?;
+    connecting.await.map_err(outcome_of)
 }
 
 /// A connection of [`Target::mallory`] from 127.0.0.1, and its endpoint (which must outlive it).

@@ -191,7 +191,11 @@ async fn malformed_requests(target: &Arc<Target>, hold: Duration) -> String {
 
 /// 100 streams with two bytes of a length prefix on one connection, then a request on it.
 async fn idle_streams(target: &Arc<Target>) -> String {
-    let (_endpoint, conn) = attack::mallory(target).await;
+    let endpoint = attack::endpoint(ip("127.0.0.1"));
+    let Ok(conn) = attack::connect(&endpoint, target, &attack::client_config(target, &target.mallory)).await
+    else {
+        return "mallory cannot connect".into();
+    };
     let bytes = attack::stalling(64 << 10, 2, 0);
     // The first 64 (the connection's stream limit) are open before the request is sent; the rest
     // and the request wait for stream credit.
