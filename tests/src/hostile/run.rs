@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyhome::pki::{self, Role};
+use keyhome::pki::Role;
 use keyhome::wire::{CloseCode, Request, Response};
 use keyhome_epoch::NodeId;
 
@@ -197,16 +197,13 @@ async fn idle_streams(target: &Arc<Target>) -> String {
         return "mallory cannot connect".into();
     };
     let bytes = attack::stalling(64 << 10, 2, 0);
-    // The first 64 (the connection's stream limit) are open before the request is sent; the rest
-    // and the request wait for stream credit.
-    let first = attack::stall_many(std::slice::from_ref(&conn), pki::CLIENT_STREAMS as usize, &bytes).await;
-    let rest: Vec<_> = (pki::CLIENT_STREAMS..100)
-        .map(|_| tokio::spawn(attack::stall(conn.clone(), Arc::clone(&bytes))))
-        .collect();
+    let stalled: Vec<_> =
+        (0..100).map(|_| tokio::spawn(attack::stall(conn.clone(), Arc::clone(&bytes)))).collect();
+    // The stalled streams take what stream credit the node gives before the request asks for one.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let sent = Instant::now();
     let answer = attack::call(&conn, &Request::Status).await;
-    drop(first);
-    for task in rest {
+    for task in stalled {
         task.abort();
     }
     let took = sent.elapsed();
