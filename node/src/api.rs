@@ -32,6 +32,7 @@ use keyhome_epoch::Instant;
 use keyhome_epoch::time::rate_shrink;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::admission::{Budget, Incident};
 use crate::clock::BootClock;
 use crate::core::{ClaimError, ClientOwner, Notice, Owner};
 use crate::pki::Role;
@@ -43,6 +44,8 @@ use crate::wire::{
 
 /// Lost-handle events queued per subscribed connection before further ones are dropped.
 const EVENT_QUEUE: usize = 1024;
+/// The stop code of a request stream whose request was malformed or did not arrive in time.
+const STOP_BAD_REQUEST: u32 = 1;
 /// How long a token check waits for the key's home (or its holder) to answer.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -97,14 +100,19 @@ impl Sessions {
         lock(&self.state).conns.remove(&conn);
     }
 
-    /// The event stream of connection `conn`. A second subscription on one connection replaces
-    /// the first: its stream ends.
-    pub(crate) fn subscribe(&self, conn: u64) -> mpsc::Receiver<ClientEvent> {
+    /// The event stream of connection `conn`. A connection has one live event stream at most:
+    /// while it has one, a new subscription gets `None`, unless `replace` ends the old stream
+    /// (the HTTP API's, whose clients reconnect). A connection that is gone gets a stream that
+    /// never yields.
+    pub(crate) fn subscribe(&self, conn: u64, replace: bool) -> Option<mpsc::Receiver<ClientEvent>> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         if let Some(c) = lock(&self.state).conns.get_mut(&conn) {
+            if !replace && c.events.as_ref().is_some_and(|events| !events.is_closed()) {
+                return None;
+            }
             c.events = Some(tx);
         }
-        rx
+        Some(rx)
     }
 
     /// Sends each notice to the owning connection's event stream, if it has one. A full queue
@@ -135,7 +143,7 @@ impl Sessions {
 
 /// Serves one client connection until it closes. Its handles live on to their deadlines (see
 /// the module docs).
-pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Role) {
+pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Role, budget: Budget) {
     let owner = shared.api.open(role.clone());
     tracing::debug!(conn = owner.conn, %role, remote = %conn.remote_address(), "client connected");
     let mut stop = shared.shutdown.subscribe();
@@ -146,7 +154,17 @@ pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Ro
         };
         match stream {
             Ok((send, recv)) => {
-                tokio::spawn(serve_stream(Arc::clone(&shared), owner, role.clone(), send, recv));
+                let remote = conn.remote_address();
+                let budget = budget.clone();
+                tokio::spawn(serve_stream(
+                    Arc::clone(&shared),
+                    owner,
+                    role.clone(),
+                    remote,
+                    budget,
+                    send,
+                    recv,
+                ));
             }
             Err(_) => break,
         }
@@ -154,25 +172,46 @@ pub(crate) async fn serve(shared: Arc<Shared>, conn: quinn::Connection, role: Ro
     shared.api.close(owner.conn);
 }
 
+/// Serves one request stream. The request must arrive whole within the request timeout, its
+/// bytes counted against `budget` while it arrives (see [`crate::admission`]); else the client is
+/// answered with an [`ErrorKind::Invalid`] error and the stream stopped.
 async fn serve_stream(
     shared: Arc<Shared>,
     owner: ClientOwner,
     role: Role,
+    remote: std::net::SocketAddr,
+    budget: Budget,
     mut send: quinn::SendStream,
     mut recv: quinn::RecvStream,
 ) {
     let conn = owner.conn;
-    let request = match wire::read_frame::<Request>(&mut recv, MAX_CLIENT_FRAME).await {
-        Ok(Some(request)) => request,
-        Ok(None) => return,
-        Err(e) => {
-            tracing::info!(conn, "malformed client request: {e}");
-            let error = ApiError::new(ErrorKind::Invalid, format!("malformed request: {e}"));
-            let _ = wire::write_frame(&mut send, &Response::Error(error), MAX_CLIENT_FRAME).await;
-            let _ = send.finish();
-            return;
-        }
+    let limit = shared.admission.limits.request_timeout();
+    let budgets = [&*budget.connection, &*budget.identity];
+    let read = wire::read_frame_within::<Request>(&mut recv, MAX_CLIENT_FRAME, &budgets);
+    let (incident, message) = match tokio::time::timeout(limit, read).await {
+        Ok(Ok(Some(request))) => return serve_request(shared, owner, role, request, send).await,
+        Ok(Ok(None)) | Ok(Err(wire::WireError::Read(_) | wire::WireError::Closed)) => return,
+        Ok(Err(e)) => (Incident::RequestMalformed, format!("malformed request: {e}")),
+        Err(_) => (
+            Incident::RequestTimedOut,
+            format!("the request did not arrive whole within {limit:?} (limits.request_timeout_ms)"),
+        ),
     };
+    shared.admission.incidents.report(incident, remote, format_args!("connection {conn}: {message}"));
+    let _ = recv.stop(STOP_BAD_REQUEST.into());
+    let error = Response::Error(ApiError::new(ErrorKind::Invalid, message));
+    let _ = wire::write_frame(&mut send, &error, MAX_CLIENT_FRAME).await;
+    let _ = send.finish();
+}
+
+async fn serve_request(
+    shared: Arc<Shared>,
+    owner: ClientOwner,
+    role: Role,
+    request: Request,
+    mut send: quinn::SendStream,
+) {
+    let conn = owner.conn;
     if let Request::Subscribe = request {
         return subscribe(shared, conn, send).await;
     }
@@ -358,8 +397,22 @@ fn claim_error(e: ClaimError) -> ApiError {
     }
 }
 
+/// Streams the connection's events. A connection has at most one live event stream: a second
+/// `Subscribe` while the first is open is answered with an [`ErrorKind::Invalid`] error (the
+/// first goes on); once the first has ended, a new one may start.
 async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) {
-    let mut rx = shared.api.subscribe(conn);
+    let Some(mut rx) = shared.api.subscribe(conn, false) else {
+        let error = ApiError::new(
+            ErrorKind::Invalid,
+            "this connection already has an event stream (one per connection)",
+        );
+        let _ = wire::write_frame(&mut send, &Response::Error(error), MAX_CLIENT_FRAME).await;
+        let _ = send.finish();
+        return;
+    };
+    if wire::write_frame(&mut send, &Response::Subscribed, MAX_CLIENT_FRAME).await.is_err() {
+        return;
+    }
     loop {
         tokio::select! {
             event = rx.recv() => match event {

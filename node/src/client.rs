@@ -372,14 +372,21 @@ impl Client {
         }
     }
 
-    /// Lost-handle events for the handles of this connection.
+    /// Lost-handle events for the handles of this connection, once the node confirmed the
+    /// subscription. One live event stream per connection: a second fails
+    /// ([`ErrorKind::Invalid`]) while the first is open.
     pub async fn events(&self) -> Result<Events, ClientError> {
         let open = async {
             match &self.transport {
                 Transport::Quic { conn, .. } => {
-                    let (mut send, recv) = conn.open_bi().await?;
+                    let (mut send, mut recv) = conn.open_bi().await?;
                     wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
-                    Ok(Events(EventSource::Quic { _send: send, recv }))
+                    match wire::read_frame(&mut recv, MAX_CLIENT_FRAME).await? {
+                        Some(Response::Subscribed) => Ok(Events(EventSource::Quic { _send: send, recv })),
+                        Some(Response::Error(e)) => Err(ClientError::Api(e)),
+                        Some(_) => Err(ClientError::Unexpected),
+                        None => Err(ClientError::NoAnswer),
+                    }
                 }
                 Transport::Local(conn) => Ok(Events(EventSource::Local(conn.subscribe().await?))),
             }

@@ -104,6 +104,9 @@ pub struct NodeConfig {
     /// default). Nodes that share a host should split its cores between them. [0]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub worker_threads: usize,
+    /// Caps against hostile load (docs/operations.md, "Limits and hostile load").
+    #[serde(default, skip_serializing_if = "crate::admission::Limits::is_default")]
+    pub limits: crate::admission::Limits,
 }
 
 fn is_zero(n: &usize) -> bool {
@@ -314,6 +317,10 @@ impl NodeConfig {
             local.socket = resolve(&base, &local.socket);
             local.check().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         }
+        config
+            .limits
+            .check()
+            .map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         Ok(config)
     }
 
@@ -506,6 +513,7 @@ mod tests {
             http: None,
             local: None,
             worker_threads: 0,
+            limits: Default::default(),
         };
         assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());
         assert!(config("0.0.0.0:7100").check_listen(&epoch).is_ok(), "any address with the port");

@@ -563,6 +563,8 @@ impl Core {
             recent_epochs: (self.activity.epochs.iter().rev())
                 .map(|c| RecentEpoch { epoch: c.epoch, members: c.members.clone(), ago: ago(c.at, now) })
                 .collect(),
+            duplicate_ids: Vec::new(),
+            load: Default::default(),
         }
     }
 

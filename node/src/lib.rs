@@ -8,6 +8,8 @@
 //! - [`embedded`]: locking in-process through a [`Node`].
 //! - [`peers`]: noticing two processes that claim one node id.
 //! - [`pki`]: certificates and TLS; [`store`]: durable state in redb; [`clock`]: the boot clock.
+//! - [`admission`]: caps on handshakes, connections and request bytes; [`ratelog`]: log lines
+//!   outsiders can cause, rate-limited.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 //! - [`addr`]: `HOST:PORT` addresses and DNS names; [`duration`]: durations read and shown.
 //! - Observability: [`activity`] and [`hotkeys`] (what the core records), [`metrics`]
@@ -15,6 +17,7 @@
 
 pub mod activity;
 pub mod addr;
+pub mod admission;
 pub mod api;
 #[cfg(feature = "bug-injection")]
 pub mod bugs;
@@ -31,6 +34,7 @@ pub mod metrics;
 pub mod page;
 pub mod peers;
 pub mod pki;
+pub mod ratelog;
 pub mod runtime;
 pub mod setup;
 pub mod status;

@@ -4,7 +4,8 @@
 //! `listen` socket (runtime.rs, "Peer links"), so every live connection a node accepts from peer
 //! `p` comes from one address. Two live connections authenticated as `p` from two different
 //! addresses mean two processes hold `p`'s certificate and run at once, which the guarantees
-//! forbid (guarantees.md, A2): that is logged as an error each time it is seen. (A restarted
+//! forbid (guarantees.md, A2): that is logged as an error each time it is seen, counted, and
+//! shown in `keyhome status` while both connections live ([`PeerConnections::duplicates`]). (A restarted
 //! peer dials from the same address while its old connection may linger until the idle
 //! timeout; that is not reported.)
 
@@ -16,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use keyhome_epoch::NodeId;
 
 use crate::runtime::lock;
+use crate::status::DuplicateId;
 
 /// The live accepted peer connections of one node, by peer id.
 #[derive(Default)]
@@ -52,6 +54,27 @@ impl PeerConnections {
         conns.push((serial, remote));
         Registered { other, conns: self, peer, serial }
     }
+
+    /// The ids live connections from more than one address claim now, for `keyhome status`.
+    pub fn duplicates(&self) -> Vec<DuplicateId> {
+        let live = lock(&self.live);
+        let mut found: Vec<DuplicateId> = (live.iter())
+            .filter_map(|(peer, conns)| {
+                let mut addrs: Vec<SocketAddr> = Vec::new();
+                for (_, addr) in conns {
+                    if !addrs.contains(addr) {
+                        addrs.push(*addr);
+                    }
+                }
+                (addrs.len() > 1).then(|| DuplicateId {
+                    id: peer.0,
+                    addrs: addrs.iter().map(ToString::to_string).collect(),
+                })
+            })
+            .collect();
+        found.sort_by_key(|d| d.id);
+        found
+    }
 }
 
 impl Drop for Registered<'_> {
@@ -80,8 +103,14 @@ mod tests {
         let reconnect = conns.register(NodeId(1), a);
         assert_eq!(reconnect.other, None, "a reconnection from the same address is no duplicate");
         assert_eq!(conns.register(NodeId(2), b).other, None, "another id");
+        assert!(conns.duplicates().is_empty());
         let impostor = conns.register(NodeId(1), b);
         assert_eq!(impostor.other, Some(a));
+        assert_eq!(
+            conns.duplicates(),
+            vec![DuplicateId { id: 1, addrs: vec![a.to_string(), b.to_string()] }],
+            "shown in the status, the first connection's address first"
+        );
         drop((first, reconnect));
         assert_eq!(conns.register(NodeId(1), b).other, None, "ended connections are forgotten");
         drop(impostor);

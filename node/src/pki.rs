@@ -661,14 +661,69 @@ fn root_store(ca: &[CertificateDer<'static>]) -> Result<Arc<RootCertStore>, PkiE
     Ok(Arc::new(roots))
 }
 
-/// The QUIC transport parameters shared by both sides: keep-alive every
-/// [`KEEP_ALIVE_INTERVAL`], idle timeout [`MAX_IDLE_TIMEOUT`].
-pub fn transport_config() -> quinn::TransportConfig {
-    let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(KEEP_ALIVE_INTERVAL));
+/// Bidirectional streams a client connection may have open at once: requests in flight and its
+/// event subscription.
+pub const CLIENT_STREAMS: u32 = 64;
+/// Unidirectional streams a peer connection may have open at once: a link uses one.
+pub const PEER_STREAMS: u32 = 4;
+/// Bytes a sender may have in flight on one stream: a whole largest client request
+/// (64 KiB and its prefix) in one flight, with room to spare.
+pub const STREAM_WINDOW: u32 = 128 << 10;
+/// Bytes a client connection may have in flight across its streams (also every connection until
+/// the node knows its role): with [`STREAM_WINDOW`], what QUIC buffers for one client connection.
+pub const CLIENT_WINDOW: u32 = 256 << 10;
+/// Bytes a peer connection may have in flight: several largest peer frames (1 MiB).
+pub const PEER_WINDOW: u32 = 4 << 20;
+
+fn idle_timeout() -> quinn::IdleTimeout {
     let idle_ms = u32::try_from(MAX_IDLE_TIMEOUT.as_millis()).unwrap_or(u32::MAX);
-    transport.max_idle_timeout(Some(quinn::IdleTimeout::from(quinn::VarInt::from_u32(idle_ms))));
+    quinn::IdleTimeout::from(quinn::VarInt::from_u32(idle_ms))
+}
+
+/// The QUIC transport of connections a node accepts, chosen for hostile load (docs/operations.md,
+/// "Limits and hostile load"): the client protocol's limits ([`CLIENT_STREAMS`] bidirectional and
+/// [`PEER_STREAMS`] unidirectional streams, [`STREAM_WINDOW`], [`CLIENT_WINDOW`]) until the role
+/// is known ([`fit_to_role`]), idle timeout [`MAX_IDLE_TIMEOUT`], and no keep-alives of its own:
+/// the dialling side keeps a connection alive, so one whose dialer goes silent ends.
+pub fn accept_transport() -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
     transport
+        .max_concurrent_bidi_streams(CLIENT_STREAMS.into())
+        .max_concurrent_uni_streams(PEER_STREAMS.into())
+        .stream_receive_window(STREAM_WINDOW.into())
+        .receive_window(CLIENT_WINDOW.into())
+        .keep_alive_interval(None)
+        .max_idle_timeout(Some(idle_timeout()));
+    transport
+}
+
+/// The QUIC transport of connections a node or client dials: keep-alive every
+/// [`KEEP_ALIVE_INTERVAL`], idle timeout [`MAX_IDLE_TIMEOUT`], and no stream the other side may
+/// open (neither protocol has the accepting side open one).
+pub fn dial_transport() -> quinn::TransportConfig {
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .max_concurrent_bidi_streams(0u32.into())
+        .max_concurrent_uni_streams(0u32.into())
+        .stream_receive_window(STREAM_WINDOW.into())
+        .receive_window(CLIENT_WINDOW.into())
+        .keep_alive_interval(Some(KEEP_ALIVE_INTERVAL))
+        .max_idle_timeout(Some(idle_timeout()));
+    transport
+}
+
+/// Narrows an accepted connection's limits to its role's protocol once it is known: a peer
+/// connection opens no bidirectional stream and gets [`PEER_WINDOW`]; a client connection opens
+/// no unidirectional stream. (Credit already given cannot be taken back; what it allows is
+/// bounded by the connection window.)
+pub fn fit_to_role(conn: &quinn::Connection, role: &Role) {
+    match role {
+        Role::Node(_) => {
+            conn.set_max_concurrent_bi_streams(0u32.into());
+            conn.set_receive_window(PEER_WINDOW.into());
+        }
+        Role::Client(_) | Role::Operator => conn.set_max_concurrent_uni_streams(0u32.into()),
+    }
 }
 
 /// The QUIC server configuration of a node.
@@ -678,7 +733,7 @@ pub fn transport_config() -> quinn::TransportConfig {
 /// - **requires** a client certificate chaining to one of `ca` (webpki, *ring*);
 /// - offers ALPN [`ALPN_PEER`] and [`ALPN_CLIENT`]; a client offering neither is refused;
 /// - TLS 1.3 only, no 0-RTT, no session resumption (every handshake fully verifies);
-/// - transport as in [`transport_config`].
+/// - transport as in [`accept_transport`].
 ///
 /// Authorisation (which roles may use which ALPN) is the caller's: use [`peer_role`] and
 /// [`negotiated_alpn`] on the accepted connection.
@@ -701,7 +756,7 @@ pub fn server_config(
     tls.session_storage = Arc::new(NoServerSessionStorage {});
     tls.send_tls13_tickets = 0;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(QuicServerConfig::try_from(tls)?));
-    config.transport_config(Arc::new(transport_config()));
+    config.transport_config(Arc::new(accept_transport()));
     Ok(config)
 }
 
@@ -712,7 +767,7 @@ pub fn server_config(
 ///   the node id;
 /// - presents `identity` as the client certificate (it must carry a keyhome role);
 /// - offers the single ALPN protocol `alpn` ([`ALPN_PEER`] or [`ALPN_CLIENT`]);
-/// - TLS 1.3 only, no 0-RTT, no session resumption; transport as in [`transport_config`].
+/// - TLS 1.3 only, no 0-RTT, no session resumption; transport as in [`dial_transport`].
 pub fn client_config(
     identity: &Identity,
     ca: &[CertificateDer<'static>],
@@ -733,6 +788,6 @@ pub fn client_config(
     tls.enable_early_data = false;
     tls.resumption = Resumption::disabled();
     let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
-    config.transport_config(Arc::new(transport_config()));
+    config.transport_config(Arc::new(dial_transport()));
     Ok(config)
 }

@@ -42,6 +42,7 @@ use keyhome_epoch::{EpochNode, Instant, NodeId, ProposeError, Storage, Write};
 use keyhome_ring::ROUTING_VERSION;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
+use crate::admission::{Admission, Incident, Limits, Verdict};
 use crate::clock::{BootClock, MAX_SLEEP};
 use crate::config::{ConfigError, GenesisFile, NodeConfig};
 use crate::core::{Core, Output};
@@ -51,6 +52,9 @@ use crate::wire::{self, CloseCode, MAX_PEER_FRAME, PeerFrame};
 
 /// Frames queued per peer link before further frames to that peer are dropped.
 const LINK_QUEUE: usize = 4096;
+/// Bytes quinn buffers for one connection attempt before the node decides on it (beyond its
+/// first packet): a client's handshake flight, with room to spare.
+const INCOMING_BUFFER: u64 = 16 << 10;
 /// Reconnection backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -131,6 +135,8 @@ pub(crate) struct Shared {
     peer_conns: crate::peers::PeerConnections,
     /// What the runtime measures itself, for `/metrics` and the status page.
     pub metrics: crate::metrics::RuntimeMetrics,
+    /// Caps on handshakes, connections and request bytes, and what they refused.
+    pub admission: Arc<Admission>,
     rt: tokio::runtime::Handle,
 }
 
@@ -239,13 +245,13 @@ impl Node {
             }
         }
 
-        let server = pki::server_config(&identity, &ca)?;
+        let server = server_config(&identity, &ca, &config.limits)?;
         let peer_client = pki::client_config(&identity, &ca, pki::ALPN_PEER)?;
         let endpoint = quinn::Endpoint::server(server, config.listen)
             .map_err(|source| NodeError::Listen { addr: config.listen, source })?;
         let client_endpoint = match config.client_endpoint() {
             Some(addr) => Some(
-                quinn::Endpoint::server(pki::server_config(&identity, &ca)?, addr)
+                quinn::Endpoint::server(server_config(&identity, &ca, &config.limits)?, addr)
                     .map_err(|source| NodeError::Listen { addr, source })?,
             ),
             None => None,
@@ -276,6 +282,7 @@ impl Node {
             api: crate::api::Sessions::new(),
             peer_conns: crate::peers::PeerConnections::default(),
             metrics: crate::metrics::RuntimeMetrics::default(),
+            admission: Admission::new(config.limits.clone()),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -288,6 +295,7 @@ impl Node {
         };
         tokio::spawn(timer_loop(Arc::clone(&shared)));
         tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
+        tokio::spawn(log_summaries(Arc::clone(&shared)));
         let shares_clients = shared.client_endpoint.is_none();
         tokio::spawn(accept_loop(
             Arc::clone(&shared),
@@ -372,6 +380,21 @@ impl Node {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
     }
+}
+
+/// The node's QUIC server configuration ([`pki::server_config`]), with quinn's own queue of
+/// connection attempts bounded to what [`Limits::max_handshakes`] lets the node take on.
+fn server_config(
+    identity: &Identity,
+    ca: &[rustls::pki_types::CertificateDer<'static>],
+    limits: &Limits,
+) -> Result<quinn::ServerConfig, NodeError> {
+    let mut server = pki::server_config(identity, ca)?;
+    server
+        .max_incoming(limits.max_handshakes.saturating_mul(2))
+        .incoming_buffer_size(INCOMING_BUFFER)
+        .incoming_buffer_size_total(INCOMING_BUFFER.saturating_mul(limits.max_handshakes as u64));
+    Ok(server)
 }
 
 fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
@@ -520,6 +543,9 @@ impl Shared {
             }
         }
         drop(links);
+        self.admission.incidents.fill(&mut status.counters);
+        status.load = self.admission.load();
+        status.duplicate_ids = self.peer_conns.duplicates();
         status.mark_stalled();
         status
     }
@@ -659,47 +685,113 @@ async fn accept_loop(shared: Arc<Shared>, endpoint: quinn::Endpoint, serves: Ser
             _ = stopping(&mut stop) => return,
         };
         let Some(incoming) = incoming else { return };
-        tokio::spawn(serve_connection(Arc::clone(&shared), incoming, serves));
+        let remote = incoming.remote_address();
+        let incidents = &shared.admission.incidents;
+        match shared.admission.incoming(remote, incoming.remote_address_validated(), incoming.may_retry()) {
+            Verdict::Handshake(slot) => {
+                tokio::spawn(serve_connection(Arc::clone(&shared), incoming, slot, serves));
+            }
+            Verdict::Retry => {
+                incidents.report(Incident::HandshakeRetried, remote, "");
+                // Only fails when a retry is not possible, which `may_retry` ruled out.
+                let _ = incoming.retry();
+            }
+            Verdict::Refuse => {
+                incidents.report(
+                    Incident::HandshakeRefused,
+                    remote,
+                    "too many handshakes in progress from this address (limits.max_handshakes_per_addr)",
+                );
+                incoming.refuse();
+            }
+            Verdict::Ignore => {
+                incidents.report(
+                    Incident::HandshakeRefused,
+                    remote,
+                    "too many handshakes in progress (limits.max_handshakes): dropped unanswered",
+                );
+                incoming.ignore();
+            }
+        }
     }
 }
 
-async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming, serves: Serves) {
+async fn serve_connection(
+    shared: Arc<Shared>,
+    incoming: quinn::Incoming,
+    handshake: crate::admission::HandshakeSlot,
+    serves: Serves,
+) {
     let remote = incoming.remote_address();
+    let incidents = &shared.admission.incidents;
+    let refuse = |conn: &quinn::Connection, code: CloseCode, reason: &str| {
+        incidents.report(Incident::HandshakeRefused, remote, reason);
+        conn.close(code.into(), reason.as_bytes());
+    };
     let conn = match incoming.await {
         Ok(conn) => conn,
         Err(e) => {
-            tracing::info!(%remote, "handshake refused: {e}");
-            return;
+            return incidents.report(Incident::HandshakeRefused, remote, format!("handshake failed: {e}"));
         }
     };
+    drop(handshake);
     let alpn = pki::negotiated_alpn(&conn);
     let role = match pki::peer_role(&conn) {
         Ok(role) => role,
         Err(e) => {
-            tracing::warn!(%remote, "certificate names no keyhome role: {e}");
-            conn.close(CloseCode::WrongRole.into(), b"certificate names no keyhome role");
+            return refuse(&conn, CloseCode::WrongRole, &format!("certificate names no keyhome role: {e}"));
+        }
+    };
+    let allowed = match (alpn.as_deref(), &role) {
+        (Some(pki::ALPN_PEER), Role::Node(_)) => serves.peers,
+        (Some(pki::ALPN_CLIENT), Role::Client(_) | Role::Operator) => serves.clients,
+        _ => false,
+    };
+    if !allowed {
+        return refuse(
+            &conn,
+            CloseCode::WrongRole,
+            "this certificate's role may not use this protocol on this port (clients: use the client address)",
+        );
+    }
+    let slot = match shared.admission.connection(&role) {
+        Ok(slot) => slot,
+        Err(cap) => {
+            incidents.report(Incident::ConnectionRefused, remote, format!("{role}: {cap}"));
+            conn.close(cap.close_code().into(), cap.to_string().as_bytes());
             return;
         }
     };
-    match (alpn.as_deref(), role) {
-        (Some(pki::ALPN_PEER), Role::Node(peer)) if serves.peers => serve_peer(shared, conn, peer).await,
-        (Some(pki::ALPN_CLIENT), role @ (Role::Client(_) | Role::Operator)) if serves.clients => {
-            crate::api::serve(shared, conn, role).await
-        }
-        (alpn, role) => {
-            tracing::warn!(%remote, %role, "refused: {role}'s certificate on protocol {:?}", alpn.map(String::from_utf8_lossy));
-            conn.close(
-                CloseCode::WrongRole.into(),
-                b"this certificate's role may not use this protocol on this port (clients: use the client address)",
-            );
-        }
+    pki::fit_to_role(&conn, &role);
+    match role {
+        Role::Node(peer) => serve_peer(shared, conn, peer).await,
+        role => crate::api::serve(shared, conn, role, slot.budget.clone()).await,
     }
+    drop(slot);
 }
 
 async fn serve_peer(shared: Arc<Shared>, conn: quinn::Connection, peer: NodeId) {
-    let _registered = shared.peer_conns.register(peer, conn.remote_address());
+    let remote = conn.remote_address();
+    let registered = shared.peer_conns.register(peer, remote);
+    if let Some(other) = registered.other {
+        shared.admission.incidents.report(Incident::DuplicateId, remote, other);
+    }
     while let Ok(recv) = conn.accept_uni().await {
         tokio::spawn(read_peer_stream(Arc::clone(&shared), conn.clone(), peer, recv));
+    }
+}
+
+/// Ends each rate-limited log's window every [`crate::ratelog::WINDOW`], logging its summary.
+async fn log_summaries(shared: Arc<Shared>) {
+    let mut stop = shared.shutdown.subscribe();
+    let mut tick = tokio::time::interval(crate::ratelog::WINDOW);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => shared.admission.incidents.flush_logs(),
+            _ = stopping(&mut stop) => return,
+        }
     }
 }
 
@@ -710,7 +802,8 @@ async fn read_peer_stream(
     mut recv: quinn::RecvStream,
 ) {
     let close = |code: CloseCode, reason: String| {
-        tracing::warn!(%peer, "closing the peer's connection: {reason}");
+        let detail = format!("closing node {peer}'s connection: {reason}");
+        shared.admission.incidents.report(Incident::PeerLinkClosed, conn.remote_address(), detail);
         conn.close(code.into(), reason.as_bytes());
     };
     match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {

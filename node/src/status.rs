@@ -29,6 +29,34 @@ pub struct Counters {
     pub delegation_sent: u64,
     /// Delegation messages received from other nodes.
     pub delegation_received: u64,
+    /// Handshakes refused: a certificate the node does not accept, a certificate role on the
+    /// wrong protocol, an address over `limits.max_handshakes_per_addr`, or dropped unanswered at
+    /// `limits.max_handshakes`.
+    #[serde(default)]
+    pub handshakes_refused: u64,
+    /// Connection attempts asked to validate their address first (QUIC retry), above
+    /// `limits.retry_handshakes_above` handshakes in progress.
+    #[serde(default)]
+    pub handshakes_retried: u64,
+    /// Established connections closed at once by a connection cap (`limits.max_client_connections`
+    /// or `limits.max_connections_per_identity`).
+    #[serde(default)]
+    pub connections_refused: u64,
+    /// Client requests refused as malformed or oversized.
+    #[serde(default)]
+    pub requests_malformed: u64,
+    /// Client requests that did not arrive whole within `limits.request_timeout_ms`: answered
+    /// with an error, their stream stopped.
+    #[serde(default)]
+    pub requests_timed_out: u64,
+    /// Peer connections this node closed for what the peer sent (a bad frame, another cluster,
+    /// not a member).
+    #[serde(default)]
+    pub peer_links_closed: u64,
+    /// Peer connections accepted while another live connection from another address claimed the
+    /// same node id (see [`Status::duplicate_ids`]).
+    #[serde(default)]
+    pub duplicate_id_connections: u64,
 }
 
 /// One node's status. Durations are measured from the moment the node answered.
@@ -64,6 +92,13 @@ pub struct Status {
     pub waiting: Vec<WaitingKey>,
     /// The latest epochs this node learned in this run, newest first.
     pub recent_epochs: Vec<RecentEpoch>,
+    /// Node ids that live peer connections from more than one address claim at once: two
+    /// processes run with one node's certificate (docs/operations.md, "One process per node id").
+    #[serde(default)]
+    pub duplicate_ids: Vec<DuplicateId>,
+    /// What the transport holds now (see docs/operations.md, "Limits and hostile load").
+    #[serde(default)]
+    pub load: Load,
 }
 
 /// Entries each list of [`Status`] shows at most.
@@ -117,6 +152,26 @@ pub struct RecentEpoch {
     /// How long ago this node learned it.
     #[serde(rename = "ago_ms", with = "crate::duration::as_millis")]
     pub ago: Duration,
+}
+
+/// What a node's transport holds at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Load {
+    /// Client and operator connections open.
+    pub client_connections: u64,
+    /// Handshakes in progress.
+    pub handshakes: u64,
+    /// Bytes held by client requests still arriving (bounded by `limits.request_bytes_per_identity`
+    /// per identity).
+    pub request_bytes: u64,
+}
+
+/// A node id claimed by live connections from several addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DuplicateId {
+    pub id: u64,
+    /// The addresses of the connections claiming it, in the order they connected.
+    pub addrs: Vec<String>,
 }
 
 /// A member of the current epoch, as this node sees it.
@@ -175,11 +230,36 @@ impl std::fmt::Display for Status {
             "delegations: {} held here, {} granted as home; {} keys in lock-delay",
             self.holder_keys, self.homed_delegations, self.lock_delay_keys
         )?;
+        for d in &self.duplicate_ids {
+            writeln!(
+                f,
+                "WARNING: node {} is claimed by live connections from {}: two processes run as one node",
+                d.id,
+                d.addrs.join(" and ")
+            )?;
+        }
+        let l = &self.load;
+        writeln!(
+            f,
+            "transport: {} client connections, {} handshakes in progress, {} request bytes arriving",
+            l.client_connections, l.handshakes, l.request_bytes
+        )?;
         let c = &self.counters;
-        write!(
+        writeln!(
             f,
             "messages: {} sent, {} received, {} dropped, {} local; locks: {} ({} with no message)",
             c.peer_sent, c.peer_received, c.peer_dropped, c.local_delivered, c.locks, c.locks_immediate
+        )?;
+        write!(
+            f,
+            "refused: {} handshakes ({} retried), {} connections over a cap, {} malformed and {} timed-out \
+             requests, {} peer connections closed",
+            c.handshakes_refused,
+            c.handshakes_retried,
+            c.connections_refused,
+            c.requests_malformed,
+            c.requests_timed_out,
+            c.peer_links_closed
         )?;
         self.fmt_lists(f)
     }
@@ -268,6 +348,8 @@ pub(crate) fn example() -> Status {
             stalled: true,
         }],
         recent_epochs: vec![RecentEpoch { epoch: 7, members: vec![1, 2], ago: Duration::from_secs(5) }],
+        duplicate_ids: Vec::new(),
+        load: Load::default(),
     }
 }
 

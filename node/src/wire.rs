@@ -14,6 +14,7 @@ use keyhome_epoch::{Change, EpochRecord, NodeId};
 use crate::core::PeerMessage;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
 
 /// Largest peer frame: an epoch record of 1024 members with 255-byte addresses, twice over (an
 /// accept carries one, a vote may carry one), fits well within it.
@@ -36,6 +37,8 @@ pub enum WireError {
     Read(#[from] quinn::ReadExactError),
     #[error("stream write failed: {0}")]
     Write(#[from] quinn::WriteError),
+    #[error("the connection is closing")]
+    Closed,
 }
 
 /// Encodes `value` as one frame (length prefix included).
@@ -60,10 +63,26 @@ pub async fn write_frame<T: Serialize>(
     Ok(())
 }
 
-/// Reads one frame; `Ok(None)` at a clean end of stream between frames.
+/// Reads one frame; `Ok(None)` at a clean end of stream between frames. The body grows as its
+/// bytes arrive: a length prefix alone allocates nothing.
 pub async fn read_frame<T: DeserializeOwned>(
     recv: &mut quinn::RecvStream,
     max: usize,
+) -> Result<Option<T>, WireError> {
+    read_frame_within(recv, max, &[]).await
+}
+
+/// Bytes read per step while a frame body arrives.
+const CHUNK: usize = 16 << 10;
+
+/// [`read_frame`], with every body byte held until the frame is read whole counted against each
+/// of `budgets` (one permit per byte): a step waits for its permits before it reads, so a reader
+/// never holds more than its budgets allow (and QUIC flow control holds the sender back meanwhile).
+/// Each budget must have at least `max` permits, or a frame that large waits forever.
+pub async fn read_frame_within<T: DeserializeOwned>(
+    recv: &mut quinn::RecvStream,
+    max: usize,
+    budgets: &[&Semaphore],
 ) -> Result<Option<T>, WireError> {
     let mut prefix = [0u8; 4];
     match recv.read_exact(&mut prefix).await {
@@ -76,11 +95,27 @@ pub async fn read_frame<T: DeserializeOwned>(
     if len > max {
         return Err(WireError::TooLarge { len, max });
     }
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body).await.map_err(|e| match e {
-        quinn::ReadExactError::FinishedEarly(_) => WireError::Truncated,
-        e => e.into(),
-    })?;
+    let mut body = Vec::new();
+    // Permits held for the bytes in `body` and the step under way; `credit` of them unused yet.
+    let mut held = Vec::new();
+    let mut credit = 0;
+    while body.len() < len {
+        let want = (len - body.len()).min(CHUNK);
+        if credit < want {
+            let more = u32::try_from(want - credit).map_err(|_| WireError::TooLarge { len, max })?;
+            for budget in budgets {
+                held.push(budget.acquire_many(more).await.map_err(|_| WireError::Closed)?);
+            }
+            credit = want;
+        }
+        let chunk = recv
+            .read_chunk(want, true)
+            .await
+            .map_err(|e| WireError::Read(quinn::ReadExactError::ReadError(e)))?
+            .ok_or(WireError::Truncated)?;
+        credit -= chunk.bytes.len();
+        body.extend_from_slice(&chunk.bytes);
+    }
     decode(&body).map(Some)
 }
 
@@ -129,7 +164,7 @@ impl PeerFrame {
     }
 }
 
-/// Why a peer connection is closed, sent as the QUIC application close code.
+/// Why a connection is closed, sent as the QUIC application close code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum CloseCode {
@@ -143,6 +178,11 @@ pub enum CloseCode {
     Shutdown = 4,
     /// A client certificate was used on the peer port, or a node certificate on the client port.
     WrongRole = 5,
+    /// The node has as many client connections as `limits.max_client_connections` allows.
+    TooManyConnections = 6,
+    /// The certificate identity has as many connections as
+    /// `limits.max_connections_per_identity` allows.
+    TooManyForIdentity = 7,
 }
 
 impl From<CloseCode> for quinn::VarInt {
@@ -157,7 +197,8 @@ impl From<CloseCode> for quinn::VarInt {
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A client request: one per bidirectional stream, answered by one [`Response`]; except
-/// [`Request::Subscribe`], answered by a stream of [`ClientEvent`]s.
+/// [`Request::Subscribe`], answered by [`Response::Subscribed`] and then a stream of
+/// [`ClientEvent`]s (or by one [`Response::Error`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
     /// Lock `key` for `ttl`, waiting at most `wait` (zero: only if it can be admitted at once).
@@ -179,8 +220,10 @@ pub enum Request {
     /// list exactly the current members left out, confirming the operator stopped them for good.
     /// See docs/operations.md, "Disaster recovery".
     RecoverUnsafe { members: Vec<keyhome_epoch::Member>, stopped: Vec<NodeId>, skip: u64 },
-    /// Stream [`ClientEvent`]s for handles this connection holds. On QUIC its stream carries
-    /// them; on the local socket it is answered [`Response::Subscribed`] and the events follow as
+    /// Stream [`ClientEvent`]s for handles this connection holds. One live event stream per
+    /// connection: a second while the first is open is refused ([`ErrorKind::Invalid`]). On QUIC
+    /// the request's stream carries the events after a [`Response::Subscribed`]; on the local
+    /// socket the call is answered [`Response::Subscribed`] and the events follow as
     /// [`LocalFrame::Event`]s.
     Subscribe,
     /// Unlock `handle` (leaving `note`), then lock `key` as [`Request::Lock`] does, in one round
@@ -240,7 +283,8 @@ pub enum Response {
         epoch: u64,
     },
     Error(ApiError),
-    /// The connection's events follow (local socket only).
+    /// The event stream of a [`Request::Subscribe`] is open: [`ClientEvent`]s follow (on QUIC on
+    /// its stream, on the local socket as [`LocalFrame::Event`]s).
     Subscribed,
 }
 

@@ -16,6 +16,7 @@ pub mod clock;
 pub mod cluster;
 pub mod disk;
 pub mod fuzz;
+pub mod hostile;
 pub mod locks;
 pub mod queue;
 pub mod rng;
