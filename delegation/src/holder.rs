@@ -922,8 +922,11 @@ impl Holder {
         let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
         match (&mut e.deleg, r.held) {
             (Some(d), Some(held)) if held == d.grantee => {
-                // Renewal: the deadline again counts from this request's send instant. A grantee
-                // older than the one held is ignored (its tokens would be lower).
+                // Renewal: the deadline again counts from this request's send instant, but never
+                // comes earlier than before (the home never shortens its view either): a shorter
+                // lease, after a timing change, must not cut a local handle below the deadline its
+                // owner was told. A grantee older than the one held is ignored (its tokens would
+                // be lower).
                 if g.grantee >= d.grantee {
                     if g.grantee > d.grantee {
                         d.grantee = g.grantee;
@@ -931,11 +934,11 @@ impl Holder {
                     }
                     d.home = from;
                     d.lease = lease;
-                    d.deadline = deadline;
+                    d.deadline = d.deadline.max(deadline);
                     d.renew_at = r.sent_at + lease / 2;
                     d.answers_until = d.answers_until.max(r.sent_at + r.lease);
                     if let Some(local) = &mut e.local {
-                        local.deadline = local.until.min(deadline);
+                        local.deadline = local.until.min(d.deadline);
                     }
                     e.refusals = 0;
                 }
