@@ -192,7 +192,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
     // Each request in flight sends one answer; events wait for room (their queue is bounded).
     let (out, out_rx) = mpsc::channel::<LocalFrame>(max_in_flight + 1);
     let writer = tokio::spawn(write_frames(FramedWrite::new(write, codec()), out_rx));
-    let hello = LocalHello { node: shared.id, identity: role.to_string() };
+    let hello = LocalHello { node: shared.id, identity: role.dns_name() };
     let mut conn = Connection {
         shared: Arc::clone(&shared),
         owner,

@@ -381,7 +381,7 @@ pub enum LocalFrame {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalHello {
     pub node: NodeId,
-    /// The identity, in the form a certificate names it (`crate::pki::Role`'s display).
+    /// The identity, as its certificate names it (`crate::pki::Role::dns_name`: `client-NAME.keyhome`).
     pub identity: String,
 }
 
