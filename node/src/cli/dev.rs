@@ -71,8 +71,8 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     check_ports_free(&configs, fresh)?;
     let mut nodes = Nodes::start(configs)?;
     // Absolute, so that the hints below work from any directory.
-    let dir = std::path::absolute(&args.dir)?;
-    let dir = dir.display();
+    let absolute = std::path::absolute(&args.dir)?;
+    let dir = absolute.display();
     let restart = (!args.no_restart).then_some(args.restart_after);
     let count = nodes.len();
     let ready = tokio::select! {
@@ -97,7 +97,7 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     println!("  keyhome lock my-key -- sh -c 'echo \"holding my-key with token $KEYHOME_TOKEN\"; sleep 2'");
     println!("  keyhome epoch show");
     println!("or in one line: KEYHOME_PROFILE={dir}/client-app/profile.toml keyhome status --json");
-    for line in http_hints(&args.dir) {
+    for line in http_hints(&absolute) {
         println!("{line}");
     }
     println!(
