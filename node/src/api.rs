@@ -100,19 +100,32 @@ impl Sessions {
         lock(&self.state).conns.remove(&conn);
     }
 
-    /// The event stream of connection `conn`. A connection has one live event stream at most:
-    /// while it has one, a new subscription gets `None`, unless `replace` ends the old stream
-    /// (the HTTP API's, whose clients reconnect). A connection that is gone gets a stream that
-    /// never yields.
-    pub(crate) fn subscribe(&self, conn: u64, replace: bool) -> Option<mpsc::Receiver<ClientEvent>> {
+    /// The event stream of connection `conn` (QUIC and the local socket). A connection has one
+    /// live event stream at most: while it has one, a new subscription is refused. A connection
+    /// that is gone gets a stream that never yields.
+    pub(crate) fn subscribe(&self, conn: u64) -> Result<mpsc::Receiver<ClientEvent>, ApiError> {
+        let mut state = lock(&self.state);
+        if state.conns.get(&conn).and_then(|c| c.events.as_ref()).is_some_and(|events| !events.is_closed()) {
+            return Err(ApiError::new(
+                ErrorKind::Invalid,
+                "this connection already has an event stream (one per connection)",
+            ));
+        }
+        Ok(Sessions::open_events(&mut state, conn))
+    }
+
+    /// The event stream of connection `conn`, ending the one it had (the HTTP API's: its
+    /// clients reconnect).
+    pub(crate) fn resubscribe(&self, conn: u64) -> mpsc::Receiver<ClientEvent> {
+        Sessions::open_events(&mut lock(&self.state), conn)
+    }
+
+    fn open_events(state: &mut SessionState, conn: u64) -> mpsc::Receiver<ClientEvent> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        if let Some(c) = lock(&self.state).conns.get_mut(&conn) {
-            if !replace && c.events.as_ref().is_some_and(|events| !events.is_closed()) {
-                return None;
-            }
+        if let Some(c) = state.conns.get_mut(&conn) {
             c.events = Some(tx);
         }
-        Some(rx)
+        rx
     }
 
     /// Sends each notice to the owning connection's event stream, if it has one. A full queue
@@ -348,7 +361,7 @@ pub(crate) async fn answer(
 
 /// Refuses an empty key, and a key longer than this node accepts, saying what the limit is.
 fn check_key(shared: &Arc<Shared>, key: &[u8]) -> Result<(), ApiError> {
-    let max = shared.with_core(|d, _| d.core.holder().config().limits.max_key_len);
+    let max = shared.max_key_len;
     if key.is_empty() {
         return Err(ApiError::new(
             ErrorKind::Invalid,
@@ -401,14 +414,13 @@ fn claim_error(e: ClaimError) -> ApiError {
 /// `Subscribe` while the first is open is answered with an [`ErrorKind::Invalid`] error (the
 /// first goes on); once the first has ended, a new one may start.
 async fn subscribe(shared: Arc<Shared>, conn: u64, mut send: quinn::SendStream) {
-    let Some(mut rx) = shared.api.subscribe(conn, false) else {
-        let error = ApiError::new(
-            ErrorKind::Invalid,
-            "this connection already has an event stream (one per connection)",
-        );
-        let _ = wire::write_frame(&mut send, &Response::Error(error), MAX_CLIENT_FRAME).await;
-        let _ = send.finish();
-        return;
+    let mut rx = match shared.api.subscribe(conn) {
+        Ok(rx) => rx,
+        Err(error) => {
+            let _ = wire::write_frame(&mut send, &Response::Error(error), MAX_CLIENT_FRAME).await;
+            let _ = send.finish();
+            return;
+        }
     };
     if wire::write_frame(&mut send, &Response::Subscribed, MAX_CLIENT_FRAME).await.is_err() {
         return;

@@ -323,12 +323,15 @@ impl Connection {
     /// Forwards the connection's events from now on; answers call `id` `Subscribed` first. A
     /// second subscription while the first is live is refused, as on QUIC.
     async fn subscribe(&mut self, id: u64) -> bool {
-        let Some(mut events) = self.shared.api.subscribe(self.owner.conn, false) else {
-            let error = ApiError::new(
-                ErrorKind::Invalid,
-                "this connection already has an event stream (one per connection)",
-            );
-            return self.out.send(LocalFrame::Answer { id, response: Response::Error(error) }).await.is_ok();
+        let mut events = match self.shared.api.subscribe(self.owner.conn) {
+            Ok(events) => events,
+            Err(error) => {
+                return self
+                    .out
+                    .send(LocalFrame::Answer { id, response: Response::Error(error) })
+                    .await
+                    .is_ok();
+            }
         };
         if self.out.send(LocalFrame::Answer { id, response: Response::Subscribed }).await.is_err() {
             return false;

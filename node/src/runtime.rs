@@ -137,6 +137,8 @@ pub(crate) struct Shared {
     pub metrics: crate::metrics::RuntimeMetrics,
     /// Caps on handshakes, connections and request bytes, and what they refused.
     pub admission: Arc<Admission>,
+    /// The longest key the holder accepts (fixed at start): read without the core's lock.
+    pub max_key_len: usize,
     rt: tokio::runtime::Handle,
 }
 
@@ -231,6 +233,7 @@ impl Node {
             tracing::warn!(bug, "a safety rule is switched off (bug injection)");
         }
         let epoch = EpochNode::start(epoch_config, durable, now);
+        let max_key_len = holder.limits.max_key_len;
         let mut core = Core::new(epoch, home, holder, now);
         // The incarnation (and anything else the start wrote) is durable before the port opens;
         // what else the start produced is carried out by the first `with_core` below.
@@ -283,6 +286,7 @@ impl Node {
             peer_conns: crate::peers::PeerConnections::default(),
             metrics: crate::metrics::RuntimeMetrics::default(),
             admission: Admission::new(config.limits.clone()),
+            max_key_len,
             config,
             rt: tokio::runtime::Handle::current(),
         });

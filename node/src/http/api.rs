@@ -29,7 +29,6 @@ use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, Member, NodeId, Timing};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::sync::mpsc;
 
 use super::json::{self, HttpError, millis};
 use super::tokens::Tokens;
@@ -378,7 +377,7 @@ async fn events(
     State(state): State<St>,
     caller: Caller,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let rx = state.shared.api.subscribe(caller.owner.conn, true).unwrap_or_else(|| mpsc::channel(1).1);
+    let rx = state.shared.api.resubscribe(caller.owner.conn);
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let event = rx.recv().await?;
         let body = EventBody::from(event);
