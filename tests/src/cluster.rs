@@ -65,6 +65,9 @@ pub struct Cluster {
     tmp: tempfile::TempDir,
     /// The cluster directory (`ca.pem`, `genesis.toml`, `node-<i>/`, `client-app/`, `operator/`).
     pub dir: PathBuf,
+    /// The cluster's ports: node `i` at `base + i - 1`, in a relayed cluster its relay at
+    /// `base + n + i - 1`; each held until its node starts (or its relay takes the socket).
+    ports: Mutex<PortBlock>,
     base_port: u16,
     /// Whether the genesis names relay addresses ([`Cluster::relay_addr`]) rather than the nodes'.
     relayed: bool,
@@ -104,7 +107,8 @@ impl Cluster {
         let tmp = tempfile::Builder::new().prefix("keyhome-cluster-").tempdir().expect("temp dir");
         let dir = tmp.path().join("cluster");
         let n = options.nodes as u16;
-        let base_port = free_port_block(if relayed { 2 * n } else { n });
+        let ports = PortBlock::reserve(if relayed { 2 * n } else { n });
+        let base_port = ports.base();
         let port = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
         let listen = |i: u64| port(base_port + (i - 1) as u16);
         let advertised = |i: u64| match (relayed, named) {
@@ -126,6 +130,7 @@ impl Cluster {
             options,
             tmp,
             dir,
+            ports: Mutex::new(ports),
             base_port,
             relayed,
             named,
@@ -202,6 +207,27 @@ impl Cluster {
         SocketAddr::from(([127, 0, 0, 1], self.base_port + (self.options.nodes + id - 1) as u16))
     }
 
+    /// Frees every port the cluster holds, for a process other than its nodes to bind (a
+    /// `keyhome dev` run on the laid-out ports).
+    pub fn release_ports(&self) {
+        let mut ports = self.ports.lock().expect("ports");
+        for i in 0..ports.held.len() {
+            ports.release(i as u16);
+        }
+    }
+
+    /// The UDP socket bound to [`Cluster::relay_addr`]`(id)`, for the relay in front of node `id`
+    /// (once; panics in a cluster that is not [`Cluster::layout_relayed`]).
+    pub fn take_relay_socket(&self, id: u64) -> UdpSocket {
+        assert!(self.relayed, "a relay socket of a cluster with no relays");
+        let i = (self.options.nodes + id - 1) as u16;
+        self.ports
+            .lock()
+            .expect("ports")
+            .take_udp(i)
+            .unwrap_or_else(|| panic!("node {id}'s relay socket is taken"))
+    }
+
     pub fn node_dir(&self, id: u64) -> PathBuf {
         setup::identity_dir(&self.dir, &Role::Node(NodeId(id)))
     }
@@ -231,6 +257,7 @@ impl Cluster {
             .stdout(log.try_clone().expect("node log"))
             .stderr(log);
         die_with_parent(&mut command);
+        self.ports.get_mut().expect("ports").release((id - 1) as u16);
         let child = command.spawn().expect("start keyhome run");
         self.children[(id - 1) as usize] = Some(child);
         self.forget_client(id);
@@ -647,25 +674,55 @@ fn locate_or_build(bugs: bool) -> PathBuf {
 
 // ---- ports ----
 
-/// `n` consecutive ports on 127.0.0.1 free for UDP (the nodes' QUIC) and TCP (their HTTP API,
-/// same number), outside the ephemeral range, never handed out twice by this process.
-pub fn free_port_block(n: u16) -> u16 {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let (lo, hi) = port_region();
-    let span = u32::from(hi - lo);
-    let stride = u32::from(n) + 1;
-    // Start somewhere that depends on the process, so concurrent test processes rarely overlap.
-    let start = (std::process::id().wrapping_mul(2_654_435_761) % span) / stride * stride;
-    for _ in 0..(span / stride) {
-        let offset = (start + NEXT.fetch_add(stride, Ordering::Relaxed)) % (span - stride);
-        let base = lo + offset as u16;
-        let udp: Vec<_> = (0..n).map(|i| UdpSocket::bind(("127.0.0.1", base + i))).collect();
-        let tcp: Vec<_> = (0..n).map(|i| TcpListener::bind(("127.0.0.1", base + i))).collect();
-        if udp.iter().all(Result::is_ok) && tcp.iter().all(Result::is_ok) {
-            return base;
+/// `n` consecutive ports on 127.0.0.1 for UDP (the nodes' QUIC, the relays) and TCP (the nodes'
+/// HTTP API, same number), outside the ephemeral range, never handed out twice by this process,
+/// and *held* (bound) until [`PortBlock::release`] or [`PortBlock::take_udp`], so nothing else
+/// can take one between the choice and the process that binds it.
+pub struct PortBlock {
+    base: u16,
+    held: Vec<Option<(UdpSocket, TcpListener)>>,
+}
+
+impl PortBlock {
+    pub fn reserve(n: u16) -> PortBlock {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let (lo, hi) = port_region();
+        let span = u32::from(hi - lo);
+        let stride = u32::from(n) + 1;
+        // Start somewhere that depends on the process, so concurrent test processes rarely overlap.
+        let start = (std::process::id().wrapping_mul(2_654_435_761) % span) / stride * stride;
+        for _ in 0..(span / stride) {
+            let offset = (start + NEXT.fetch_add(stride, Ordering::Relaxed)) % (span - stride);
+            let base = lo + offset as u16;
+            let held: Option<Vec<_>> = (0..n)
+                .map(|i| {
+                    let udp = UdpSocket::bind(("127.0.0.1", base + i)).ok()?;
+                    let tcp = TcpListener::bind(("127.0.0.1", base + i)).ok()?;
+                    Some(Some((udp, tcp)))
+                })
+                .collect();
+            if let Some(held) = held {
+                return PortBlock { base, held };
+            }
         }
+        panic!("no {n} consecutive free UDP and TCP ports in {lo}..{hi}");
     }
-    panic!("no {n} consecutive free UDP and TCP ports in {lo}..{hi}");
+
+    /// The block's first port.
+    pub fn base(&self) -> u16 {
+        self.base
+    }
+
+    /// Frees port `base + i` for the process about to bind it (a no-op if it is free already).
+    pub fn release(&mut self, i: u16) {
+        self.held[usize::from(i)] = None;
+    }
+
+    /// Hands over the UDP socket bound to port `base + i` (frees its TCP port), for a relay
+    /// in this process; `None` if it was released or taken already.
+    pub fn take_udp(&mut self, i: u16) -> Option<UdpSocket> {
+        self.held[usize::from(i)].take().map(|(udp, _)| udp)
+    }
 }
 
 /// Ports to draw from: below the kernel's ephemeral range if there is room, else above it.

@@ -217,6 +217,7 @@ async fn dev_hints_work_from_anywhere_ports_are_checked_and_logs_append() {
     let layout = Cluster::layout(Options::default());
     let dir = layout.dir.with_file_name("dev");
     let port = layout.addr(1).port();
+    layout.release_ports();
     let dev_args = |port: &str| -> Vec<String> {
         ["dev", "--dir", dir.to_str().unwrap(), "--port", port, "--restart-after", "500ms"]
             .map(String::from)

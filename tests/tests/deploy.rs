@@ -51,12 +51,14 @@ async fn a_cluster_named_by_dns_names_locks_and_adds_a_member_by_name() {
     second.unlock(None).await.unwrap();
 
     // Node 4 at a name: its certificate and node.toml from `certs issue`, proposed by name.
-    let port = harness::free_port_block(1);
+    let mut ports = harness::PortBlock::reserve(1);
+    let port = ports.base();
     let addr = format!("localhost:{port}");
     let out = cluster.cli(&["certs", "issue", "--dir", ".", "--node", "4", "--addr", &addr]);
     assert!(out.status.success(), "{out:?}");
     let config = NodeConfig::load(&cluster.dir.join("node-4/node.toml")).unwrap();
     assert_eq!(config.listen, format!("127.0.0.1:{port}").parse().unwrap(), "localhost: loopback");
+    ports.release(0);
     let run = cluster.cli_command(&["run", "--config", "node-4/node.toml"]).stderr(Stdio::null()).spawn();
     let _node4 = Proc(run.expect("start node 4"));
     let operator = cluster.profile_file(&keyhome::pki::Role::Operator, 1);

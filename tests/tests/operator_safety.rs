@@ -118,6 +118,7 @@ async fn dev_restarts_a_killed_node_and_keeps_the_others() {
     let layout = Cluster::layout(Options::default());
     let dir = layout.dir.with_file_name("dev");
     let port = layout.addr(1).port();
+    layout.release_ports();
     let args =
         ["dev", "--dir", dir.to_str().unwrap(), "--port", &port.to_string(), "--restart-after", "500ms"];
     let dev = layout.cli_command(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn();

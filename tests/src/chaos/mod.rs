@@ -143,8 +143,8 @@ pub async fn run(options: &ChaosOptions) -> ChaosReport {
         cluster.set_binary(cluster::keyhome_binary_with_bugs(), vec![(BUG_VAR.into(), bug.clone())]);
     }
     let ids = cluster.ids();
-    let links: Vec<_> = ids.iter().map(|&i| (i, cluster.addr(i), cluster.relay_addr(i))).collect();
-    let relay = Relay::start(&links, options.seed).await.expect("start the relays");
+    let links: Vec<_> = ids.iter().map(|&i| (i, cluster.addr(i), cluster.take_relay_socket(i))).collect();
+    let relay = Relay::start(links, options.seed).await.expect("start the relays");
     for &id in &ids {
         cluster.start_node(id);
     }

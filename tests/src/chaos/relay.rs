@@ -81,14 +81,19 @@ pub struct Relay {
 }
 
 impl Relay {
-    /// Starts a relay for each `(node, listen address, relay address)` in `nodes` (ids `1..=n`).
-    pub async fn start(nodes: &[(u64, SocketAddr, SocketAddr)], seed: u64) -> std::io::Result<Relay> {
+    /// Starts a relay for each `(node, listen address, relay socket)` in `nodes` (ids `1..=n`); the
+    /// relay socket is bound already, at the address the genesis gives the node.
+    pub async fn start(
+        nodes: Vec<(u64, SocketAddr, std::net::UdpSocket)>,
+        seed: u64,
+    ) -> std::io::Result<Relay> {
         let faults = Arc::new(Mutex::new(Faults::new(nodes.len() as u64)));
         let listens: Arc<Vec<(u64, SocketAddr)>> =
             Arc::new(nodes.iter().map(|&(id, l, _)| (id, l)).collect());
         let mut tasks = Vec::new();
-        for &(to, to_listen, relay_addr) in nodes {
-            let front = Arc::new(UdpSocket::bind(relay_addr).await?);
+        for (to, to_listen, relay_socket) in nodes {
+            relay_socket.set_nonblocking(true)?;
+            let front = Arc::new(UdpSocket::from_std(relay_socket)?);
             // One socket per dialing peer, connected to the node behind this relay.
             let mut uplinks = Vec::new();
             for &(from, from_listen) in listens.iter().filter(|(id, _)| *id != to) {
