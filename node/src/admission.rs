@@ -1,6 +1,18 @@
 //! Admission under hostile load: how many handshakes and connections a node takes on at once,
 //! and how many request bytes it buffers for each connection and certificate identity.
 //!
+//! - **Failed handshakes per address**: each IP address has a bucket of
+//!   [`Limits::failed_handshakes_per_addr`] failures, refilled at one per
+//!   [`Limits::failed_handshake_refill_ms`]. A handshake fails when it ends without a connection
+//!   (no certificate, one of another CA, the client closed it halfway) or its certificate's role
+//!   may not use the protocol; timeouts do not count. A failure counts against the bucket only
+//!   if the client *proved its address*: the failure came from the client's certificate (sent in
+//!   packets only the address's owner can make), or the attempt had passed a QUIC retry. Any
+//!   other failure (a close that a spoofed packet can cause) only makes the address validate
+//!   itself from then on, which costs a real client one round trip. While an address's bucket is
+//!   empty its attempts are dropped unanswered before any cryptography (`Incoming::ignore`). So
+//!   one attacker costs the node a TLS handshake per refill interval, not one per attempt, and
+//!   spoofed packets cannot shut an address's owner out.
 //! - **Handshakes in progress** (an `Incoming` accepted, its handshake not yet done): above
 //!   [`Limits::retry_handshakes_above`] a client must first prove it receives at its address
 //!   (a QUIC retry, which costs the node one stateless packet); at [`Limits::max_handshakes`]
@@ -26,9 +38,10 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
@@ -53,6 +66,11 @@ pub struct Limits {
     pub retry_handshakes_above: usize,
     /// Handshakes in progress at which new ones are dropped unanswered [256].
     pub max_handshakes: usize,
+    /// Failed handshakes one IP address may have in a burst before its attempts are dropped
+    /// unanswered [8].
+    pub failed_handshakes_per_addr: u32,
+    /// An address earns back one failed handshake per this long, ms [1000].
+    pub failed_handshake_refill_ms: u64,
     /// A client request must arrive whole within this long of its stream opening, ms [5000].
     pub request_timeout_ms: u64,
     /// Bytes of requests still arriving held at once per client connection [262144]; at least
@@ -71,12 +89,18 @@ impl Default for Limits {
             max_handshakes_per_addr: 16,
             retry_handshakes_above: 32,
             max_handshakes: 256,
+            failed_handshakes_per_addr: 8,
+            failed_handshake_refill_ms: 1000,
             request_timeout_ms: 5000,
             request_bytes_per_connection: 256 << 10,
             request_bytes_per_identity: 4 << 20,
         }
     }
 }
+
+/// IP addresses whose failed handshakes are remembered, at most (the least recently failed are
+/// forgotten first).
+pub const FAILED_ADDRS_TRACKED: usize = 4096;
 
 /// Largest byte budget: tokio's semaphores count permits in `u32` ranges per acquisition and
 /// `usize::MAX >> 3` in all.
@@ -94,8 +118,16 @@ impl Limits {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("limits.{name} must be at least 1"));
         }
-        if self.request_timeout_ms == 0 {
-            return Err("limits.request_timeout_ms must be at least 1".into());
+        if self.failed_handshakes_per_addr == 0 {
+            return Err("limits.failed_handshakes_per_addr must be at least 1".into());
+        }
+        for (name, ms) in [
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("failed_handshake_refill_ms", self.failed_handshake_refill_ms),
+        ] {
+            if ms == 0 {
+                return Err(format!("limits.{name} must be at least 1"));
+            }
         }
         if !(MAX_CLIENT_FRAME..=MAX_BUDGET).contains(&self.request_bytes_per_connection) {
             return Err(format!(
@@ -119,6 +151,10 @@ impl Limits {
     pub fn request_timeout(&self) -> Duration {
         Duration::from_millis(self.request_timeout_ms)
     }
+
+    fn failed_handshake_refill(&self) -> Duration {
+        Duration::from_millis(self.failed_handshake_refill_ms)
+    }
 }
 
 /// What to do with a connection attempt (an `Incoming`).
@@ -128,6 +164,8 @@ pub enum Verdict {
     Handshake(HandshakeSlot),
     /// Ask the client to validate its address first (QUIC retry).
     Retry,
+    /// Drop it unanswered: this address failed too many handshakes lately.
+    Throttle,
     /// Refuse (this address has too many handshakes in progress).
     Refuse,
     /// Drop it unanswered (too many handshakes in progress in all).
@@ -159,13 +197,48 @@ pub struct Admission {
     pub incidents: Incidents,
 }
 
-#[derive(Default)]
 struct Slots {
     handshakes: usize,
     handshakes_by_addr: HashMap<IpAddr, usize>,
+    /// The failed-handshake bucket of each address that failed lately.
+    failures: lru::LruCache<IpAddr, Bucket>,
     clients: usize,
     /// Open connections and their shared request budget, per identity.
     identities: HashMap<Role, (usize, Arc<Semaphore>)>,
+}
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots {
+            handshakes: 0,
+            handshakes_by_addr: HashMap::new(),
+            failures: lru::LruCache::new(NonZeroUsize::new(FAILED_ADDRS_TRACKED).expect("not zero")),
+            clients: 0,
+            identities: HashMap::new(),
+        }
+    }
+}
+
+/// One address's failed handshakes still allowed, as of `at`.
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    left: u32,
+    at: Instant,
+    /// A failure that did not prove the address was seen: attempts must validate it (retry).
+    validate: bool,
+}
+
+impl Bucket {
+    /// The bucket refilled up to `now` (one failure per `refill`, at most `full`).
+    fn refilled(self, now: Instant, full: u32, refill: Duration) -> Bucket {
+        let earned = now.saturating_duration_since(self.at).as_nanos() / refill.as_nanos().max(1);
+        let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+        if self.left.saturating_add(earned) >= full {
+            return Bucket { left: full, at: now, ..self };
+        }
+        // Keep the part of an interval not earned yet.
+        Bucket { left: self.left + earned, at: self.at + refill * earned, ..self }
+    }
 }
 
 impl std::fmt::Debug for Admission {
@@ -179,11 +252,28 @@ impl Admission {
         Arc::new(Admission { limits, slots: Mutex::default(), incidents: Incidents::default() })
     }
 
-    /// Decides on a connection attempt from `remote`; `validated`: its address is proven (it
-    /// came back with a retry token); `may_retry`: a retry is possible (not already retried).
-    pub fn incoming(self: &Arc<Self>, remote: SocketAddr, validated: bool, may_retry: bool) -> Verdict {
+    /// Decides on a connection attempt from `remote` at `now`; `validated`: its address is
+    /// proven (it came back with a retry token); `may_retry`: a retry is possible (not already
+    /// retried).
+    pub fn incoming(
+        self: &Arc<Self>,
+        now: Instant,
+        remote: SocketAddr,
+        validated: bool,
+        may_retry: bool,
+    ) -> Verdict {
         let ip = remote.ip();
         let mut slots = lock(&self.slots);
+        let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
+        if let Some(bucket) = slots.failures.peek_mut(&ip) {
+            *bucket = bucket.refilled(now, full, refill);
+            if bucket.left == 0 {
+                return Verdict::Throttle;
+            }
+            if bucket.validate && !validated && may_retry {
+                return Verdict::Retry;
+            }
+        }
         if slots.handshakes >= self.limits.max_handshakes {
             return Verdict::Ignore;
         }
@@ -197,6 +287,21 @@ impl Admission {
         *by_addr += 1;
         slots.handshakes += 1;
         Verdict::Handshake(HandshakeSlot { admission: Arc::clone(self), ip })
+    }
+
+    /// A handshake from `ip` failed at `now` (not by a timeout); `proven`: the client had proved
+    /// its address (see the module docs). A proven failure takes one from the address's bucket,
+    /// any other makes the address validate itself from then on.
+    pub fn handshake_failed(&self, now: Instant, ip: IpAddr, proven: bool) {
+        let mut slots = lock(&self.slots);
+        let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
+        let bucket = slots.failures.get_or_insert_mut(ip, || Bucket { left: full, at: now, validate: false });
+        let refilled = bucket.refilled(now, full, refill);
+        *bucket = if proven {
+            Bucket { left: refilled.left.saturating_sub(1), ..refilled }
+        } else {
+            Bucket { validate: true, ..refilled }
+        };
     }
 
     /// Admits an established connection of `role` (a client or operator one counts against the
@@ -302,6 +407,7 @@ pub struct Budget {
 pub struct Incidents {
     handshakes_refused: AtomicU64,
     handshakes_retried: AtomicU64,
+    handshakes_throttled: AtomicU64,
     connections_refused: AtomicU64,
     requests_malformed: AtomicU64,
     requests_timed_out: AtomicU64,
@@ -322,6 +428,8 @@ pub enum Incident {
     HandshakeRefused,
     /// A retry was sent to validate an address.
     HandshakeRetried,
+    /// An attempt was dropped unanswered: its address failed too many handshakes lately.
+    HandshakeThrottled,
     /// An established connection was closed by a connection cap.
     ConnectionRefused,
     /// A client request was malformed or oversized.
@@ -339,6 +447,7 @@ impl Default for Incidents {
         Incidents {
             handshakes_refused: AtomicU64::new(0),
             handshakes_retried: AtomicU64::new(0),
+            handshakes_throttled: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
             requests_malformed: AtomicU64::new(0),
             requests_timed_out: AtomicU64::new(0),
@@ -356,6 +465,7 @@ impl Incidents {
         match incident {
             Incident::HandshakeRefused => &self.handshakes_refused,
             Incident::HandshakeRetried => &self.handshakes_retried,
+            Incident::HandshakeThrottled => &self.handshakes_throttled,
             Incident::ConnectionRefused => &self.connections_refused,
             Incident::RequestMalformed => &self.requests_malformed,
             Incident::RequestTimedOut => &self.requests_timed_out,
@@ -367,7 +477,9 @@ impl Incidents {
     /// The rate-limited log an incident is reported in (`None`: counted only).
     fn log(&self, incident: Incident) -> Option<&RateLog> {
         match incident {
-            Incident::HandshakeRefused | Incident::ConnectionRefused => Some(&self.handshake_log),
+            Incident::HandshakeRefused | Incident::HandshakeThrottled | Incident::ConnectionRefused => {
+                Some(&self.handshake_log)
+            }
             Incident::RequestMalformed | Incident::RequestTimedOut => Some(&self.request_log),
             Incident::PeerLinkClosed => Some(&self.link_log),
             Incident::HandshakeRetried | Incident::DuplicateId => None,
@@ -394,6 +506,7 @@ impl Incidents {
         let get = |i| self.counter(i).load(Ordering::Relaxed);
         counters.handshakes_refused = get(Incident::HandshakeRefused);
         counters.handshakes_retried = get(Incident::HandshakeRetried);
+        counters.handshakes_throttled = get(Incident::HandshakeThrottled);
         counters.connections_refused = get(Incident::ConnectionRefused);
         counters.requests_malformed = get(Incident::RequestMalformed);
         counters.requests_timed_out = get(Incident::RequestTimedOut);
@@ -420,6 +533,7 @@ mod tests {
     #[test]
     fn handshakes_are_retried_then_refused_then_ignored() {
         let admission = Admission::new(limits());
+        let now = Instant::now();
         let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
         let b: SocketAddr = "127.0.0.2:1000".parse().unwrap();
         let c: SocketAddr = "127.0.0.3:1000".parse().unwrap();
@@ -427,15 +541,64 @@ mod tests {
             Verdict::Handshake(s) => s,
             other => panic!("expected a handshake, got {other:?}"),
         };
-        let a1 = slot(admission.incoming(a, false, true));
-        let _a2 = slot(admission.incoming(a, false, true));
-        assert!(matches!(admission.incoming(a, false, true), Verdict::Refuse), "per address");
-        let _b1 = slot(admission.incoming(b, false, true));
-        assert!(matches!(admission.incoming(c, false, true), Verdict::Retry), "over the retry threshold");
-        let _c1 = slot(admission.incoming(c, true, false));
-        assert!(matches!(admission.incoming(c, true, false), Verdict::Ignore), "at the hard limit");
+        let a1 = slot(admission.incoming(now, a, false, true));
+        let _a2 = slot(admission.incoming(now, a, false, true));
+        assert!(matches!(admission.incoming(now, a, false, true), Verdict::Refuse), "per address");
+        let _b1 = slot(admission.incoming(now, b, false, true));
+        assert!(
+            matches!(admission.incoming(now, c, false, true), Verdict::Retry),
+            "over the retry threshold"
+        );
+        let _c1 = slot(admission.incoming(now, c, true, false));
+        assert!(matches!(admission.incoming(now, c, true, false), Verdict::Ignore), "at the hard limit");
         drop(a1);
-        assert!(matches!(admission.incoming(a, true, false), Verdict::Handshake(_)), "a slot came free");
+        assert!(matches!(admission.incoming(now, a, true, false), Verdict::Handshake(_)), "a slot came free");
+    }
+
+    #[test]
+    fn an_address_that_fails_handshakes_is_dropped_until_it_earns_one_back() {
+        let limits = Limits { failed_handshakes_per_addr: 3, failed_handshake_refill_ms: 1000, ..limits() };
+        let admission = Admission::new(limits);
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        let b: SocketAddr = "127.0.0.2:1000".parse().unwrap();
+        let verdict = |ms, addr| admission.incoming(at(ms), addr, true, false);
+        for ms in [0, 10, 20] {
+            assert!(matches!(verdict(ms, a), Verdict::Handshake(_)), "failure {ms}");
+            admission.handshake_failed(at(ms), a.ip(), true);
+        }
+        assert!(matches!(verdict(30, a), Verdict::Throttle), "the bucket is empty");
+        assert!(matches!(verdict(30, b), Verdict::Handshake(_)), "other addresses are not affected");
+        assert!(matches!(verdict(999, a), Verdict::Throttle), "not a whole interval yet");
+        assert!(matches!(verdict(1000, a), Verdict::Handshake(_)), "one earned back");
+        admission.handshake_failed(at(1000), a.ip(), true);
+        assert!(matches!(verdict(1001, a), Verdict::Throttle), "and spent");
+        assert!(matches!(verdict(10_000, a), Verdict::Handshake(_)), "refilled");
+        for ms in [10_000, 10_001, 10_002] {
+            admission.handshake_failed(at(ms), a.ip(), true);
+        }
+        assert!(matches!(verdict(10_003, a), Verdict::Throttle), "a bucket holds no more than its size");
+    }
+
+    #[test]
+    fn a_failure_that_does_not_prove_the_address_asks_for_a_retry_and_nothing_more() {
+        let limits = Limits { failed_handshakes_per_addr: 1, ..limits() };
+        let admission = Admission::new(limits);
+        let now = Instant::now();
+        let a: SocketAddr = "127.0.0.1:1000".parse().unwrap();
+        for _ in 0..10 {
+            admission.handshake_failed(now, a.ip(), false);
+        }
+        assert!(matches!(admission.incoming(now, a, false, true), Verdict::Retry), "validate first");
+        let validated = admission.incoming(now, a, true, false);
+        assert!(matches!(validated, Verdict::Handshake(_)), "a validated attempt goes on: {validated:?}");
+        drop(validated);
+        admission.handshake_failed(now, a.ip(), true);
+        assert!(
+            matches!(admission.incoming(now, a, true, false), Verdict::Throttle),
+            "a proven failure counts"
+        );
     }
 
     #[test]
@@ -460,5 +623,7 @@ mod tests {
         assert!(bad.check().unwrap_err().contains("request_bytes_per_connection"));
         let bad = Limits { max_handshakes: 0, ..Limits::default() };
         assert!(bad.check().unwrap_err().contains("max_handshakes"));
+        let bad = Limits { failed_handshake_refill_ms: 0, ..Limits::default() };
+        assert!(bad.check().unwrap_err().contains("failed_handshake_refill_ms"));
     }
 }

@@ -555,6 +555,26 @@ pub fn peer_role(conn: &quinn::Connection) -> Result<Role, PkiError> {
     role_of(leaf)
 }
 
+/// Whether a handshake this node accepted failed because the client's certificate was missing
+/// or refused (a TLS alert about certificates). The client had answered the node's first flight
+/// by then, so the failure is its address's own: a spoofed source address cannot cause it.
+pub fn refused_certificate(error: &quinn::ConnectionError) -> bool {
+    use rustls::AlertDescription as A;
+    let quinn::ConnectionError::TransportError(error) = error else { return false };
+    [
+        A::CertificateRequired,
+        A::BadCertificate,
+        A::UnsupportedCertificate,
+        A::CertificateRevoked,
+        A::CertificateExpired,
+        A::CertificateUnknown,
+        A::UnknownCA,
+        A::DecryptError,
+    ]
+    .into_iter()
+    .any(|alert| error.code == quinn::TransportErrorCode::crypto(u8::from(alert)))
+}
+
 /// The ALPN protocol negotiated on an established connection (one of [`ALPN_PEER`] or
 /// [`ALPN_CLIENT`] for connections accepted with [`server_config`]).
 pub fn negotiated_alpn(conn: &quinn::Connection) -> Option<Vec<u8>> {

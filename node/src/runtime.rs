@@ -691,7 +691,13 @@ async fn accept_loop(shared: Arc<Shared>, endpoint: quinn::Endpoint, serves: Ser
         let Some(incoming) = incoming else { return };
         let remote = incoming.remote_address();
         let incidents = &shared.admission.incidents;
-        match shared.admission.incoming(remote, incoming.remote_address_validated(), incoming.may_retry()) {
+        let now = std::time::Instant::now();
+        match shared.admission.incoming(
+            now,
+            remote,
+            incoming.remote_address_validated(),
+            incoming.may_retry(),
+        ) {
             Verdict::Handshake(slot) => {
                 tokio::spawn(serve_connection(Arc::clone(&shared), incoming, slot, serves));
             }
@@ -699,6 +705,15 @@ async fn accept_loop(shared: Arc<Shared>, endpoint: quinn::Endpoint, serves: Ser
                 incidents.report(Incident::HandshakeRetried, remote, "");
                 // Only fails when a retry is not possible, which `may_retry` ruled out.
                 let _ = incoming.retry();
+            }
+            Verdict::Throttle => {
+                incidents.report(
+                    Incident::HandshakeThrottled,
+                    remote,
+                    "this address failed too many handshakes lately (limits.failed_handshakes_per_addr): \
+                     dropped unanswered",
+                );
+                incoming.ignore();
             }
             Verdict::Refuse => {
                 incidents.report(
@@ -728,13 +743,19 @@ async fn serve_connection(
 ) {
     let remote = incoming.remote_address();
     let incidents = &shared.admission.incidents;
+    let validated = incoming.remote_address_validated();
+    let failed = |proven| shared.admission.handshake_failed(std::time::Instant::now(), remote.ip(), proven);
     let refuse = |conn: &quinn::Connection, code: CloseCode, reason: &str| {
+        failed(true);
         incidents.report(Incident::HandshakeRefused, remote, reason);
         conn.close(code.into(), reason.as_bytes());
     };
     let conn = match incoming.await {
         Ok(conn) => conn,
         Err(e) => {
+            if !matches!(e, quinn::ConnectionError::TimedOut) {
+                failed(validated || pki::refused_certificate(&e));
+            }
             return incidents.report(Incident::HandshakeRefused, remote, format!("handshake failed: {e}"));
         }
     };

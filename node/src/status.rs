@@ -38,6 +38,10 @@ pub struct Counters {
     /// `limits.retry_handshakes_above` handshakes in progress.
     #[serde(default)]
     pub handshakes_retried: u64,
+    /// Connection attempts dropped unanswered, before any cryptography, because their address
+    /// failed `limits.failed_handshakes_per_addr` handshakes lately (not in `handshakes_refused`).
+    #[serde(default)]
+    pub handshakes_throttled: u64,
     /// Established connections closed at once by a connection cap (`limits.max_client_connections`
     /// or `limits.max_connections_per_identity`).
     #[serde(default)]
@@ -252,10 +256,11 @@ impl std::fmt::Display for Status {
         )?;
         write!(
             f,
-            "refused: {} handshakes ({} retried), {} connections over a cap, {} malformed and {} timed-out \
+            "refused: {} handshakes ({} retried, {} more dropped from failing addresses), {} connections over a cap, {} malformed and {} timed-out \
              requests, {} peer connections closed",
             c.handshakes_refused,
             c.handshakes_retried,
+            c.handshakes_throttled,
             c.connections_refused,
             c.requests_malformed,
             c.requests_timed_out,

@@ -22,6 +22,7 @@ const PER_IDENTITY: usize = 8;
 const TOTAL: usize = 12;
 const PER_ADDR_HANDSHAKES: usize = 3;
 const RETRY_ABOVE: usize = 4;
+const FAILED_PER_ADDR: u32 = 4;
 const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
 const BYTES_PER_CONNECTION: usize = MAX_CLIENT_FRAME;
 const BYTES_PER_IDENTITY: usize = 2 * MAX_CLIENT_FRAME;
@@ -33,7 +34,7 @@ fn limits_toml() -> String {
     format!(
         "\n[limits]\nmax_client_connections = {TOTAL}\nmax_connections_per_identity = {PER_IDENTITY}\n\
          max_handshakes_per_addr = {PER_ADDR_HANDSHAKES}\nretry_handshakes_above = {RETRY_ABOVE}\n\
-         max_handshakes = 64\nrequest_timeout_ms = {}\nrequest_bytes_per_connection = {BYTES_PER_CONNECTION}\n\
+         max_handshakes = 64\nfailed_handshakes_per_addr = {FAILED_PER_ADDR}\nrequest_timeout_ms = {}\nrequest_bytes_per_connection = {BYTES_PER_CONNECTION}\n\
          request_bytes_per_identity = {BYTES_PER_IDENTITY}\n",
         REQUEST_TIMEOUT.as_millis()
     )
@@ -265,13 +266,32 @@ async fn unauthenticated_handshakes_are_refused_quietly(cluster: &Cluster, targe
     let lines_before = log_lines(cluster, 1, "handshakes refused");
     let endpoints = [attack::endpoint(ip("127.0.0.5")), attack::endpoint(ip("127.0.0.6"))];
     let configs = [attack::no_cert_config(target), attack::client_config(target, &target.stranger)];
-    let flood = attack::handshake_flood(&endpoints, target, &configs, 8, Duration::from_millis(1500)).await;
+    let flood = attack::handshake_flood(
+        &endpoints,
+        target,
+        &configs,
+        // As many at a time as the two addresses may have in progress: every refusal is a
+        // failed handshake.
+        2 * PER_ADDR_HANDSHAKES,
+        Duration::from_millis(1500),
+        Duration::from_millis(100),
+    )
+    .await;
     let status = wait_load(cluster, "the flood's handshakes ended", |s| s.load.handshakes == 0).await;
     let refused = status.counters.handshakes_refused - before.handshakes_refused;
+    let throttled = status.counters.handshakes_throttled - before.handshakes_throttled;
     let lines = log_lines(cluster, 1, "handshakes refused") - lines_before;
-    println!("handshake flood: {flood:?}, {refused} refused, {lines} log lines");
+    println!(
+        "handshake flood: {flood:?}, {refused} refused, {throttled} dropped unanswered, {lines} log lines"
+    );
     assert!(flood.attempts >= 20, "the flood made too few attempts to show anything: {flood:?}");
-    assert!(refused >= flood.attempts / 2, "{refused} of {flood:?} refused");
+    assert!(refused + throttled >= flood.attempts / 2, "{refused} + {throttled} of {flood:?} refused");
+    // Each address gets its bucket of failures and one more per second of the flood, plus the
+    // attempts in progress when its bucket ran out and those that ended by the attacker's close
+    // before it had to validate its address; every attempt after that costs no handshake.
+    let most = endpoints.len() as u64 * (u64::from(FAILED_PER_ADDR) + 2 + 2 * PER_ADDR_HANDSHAKES as u64);
+    assert!(refused <= most, "{refused} handshakes ran and failed (at most {most}): {flood:?}");
+    assert!(throttled > 0, "addresses that kept failing were dropped: {flood:?}");
     assert!(lines <= 4, "{lines} log lines for {refused} refused handshakes");
 }
 

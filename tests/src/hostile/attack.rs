@@ -264,17 +264,21 @@ pub struct Flood {
     pub attempts: u64,
     /// Handshakes that the client saw complete (the node then refused the certificate).
     pub completed: u64,
+    /// Handshakes given up on, unanswered within the flood's patience.
+    pub abandoned: u64,
 }
 
 /// Handshakes with `configs` in turn (certificates the node refuses), from `endpoints` in turn,
-/// `concurrency` at a time, until `duration` has passed. A completed handshake is dropped at
-/// once: the attacker does not wait to hear why.
+/// `concurrency` at a time, until `duration` has passed. An attempt the node does not answer
+/// within `patience` is given up for a new one, and a completed handshake is dropped at once:
+/// the attacker waits for nothing.
 pub async fn handshake_flood(
     endpoints: &[Endpoint],
     target: &Target,
     configs: &[ClientConfig],
     concurrency: usize,
     duration: Duration,
+    patience: Duration,
 ) -> Flood {
     let end = tokio::time::Instant::now() + duration;
     let name = pki::server_name(NodeId(target.node));
@@ -289,13 +293,14 @@ pub async fn handshake_flood(
                 let Some(config) = configs.get(i % configs.len().max(1)) else { break };
                 let Ok(connecting) = endpoint.connect_with(config.clone(), addr, &name) else { break };
                 flood.attempts += 1;
-                match tokio::time::timeout_at(end, connecting).await {
+                let give_up = end.min(tokio::time::Instant::now() + patience);
+                match tokio::time::timeout_at(give_up, connecting).await {
                     Ok(Ok(conn)) => {
                         flood.completed += 1;
                         conn.close(0u32.into(), b"");
                     }
                     Ok(Err(_)) => {}
-                    Err(_) => break,
+                    Err(_) => flood.abandoned += 1,
                 }
                 if tokio::time::Instant::now() >= end {
                     break;
@@ -309,6 +314,7 @@ pub async fn handshake_flood(
         let flood = done.expect("a flood task");
         total.attempts += flood.attempts;
         total.completed += flood.completed;
+        total.abandoned += flood.abandoned;
     }
     total
 }

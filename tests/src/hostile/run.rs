@@ -166,17 +166,24 @@ async fn idle_connections(target: &Arc<Target>, hold: Duration) -> String {
     format!("{} kept, {refused} closed (per-identity cap)", conns.len())
 }
 
+/// How long a flooding attacker waits for an answer before it tries again: a loopback handshake
+/// takes a few milliseconds.
+const FLOOD_PATIENCE: Duration = Duration::from_millis(50);
+
 /// Handshakes with no certificate or one of another CA from four addresses, as fast as they go.
 async fn unauthenticated_handshakes(cluster: &Cluster, target: &Arc<Target>, hold: Duration) -> String {
     let before = cluster.status(1).await.counters;
     let endpoints: Vec<_> = (2..6).map(|i| attack::endpoint(ip(&format!("127.0.0.{i}")))).collect();
     let configs = [attack::no_cert_config(target), attack::client_config(target, &target.stranger)];
-    let flood = attack::handshake_flood(&endpoints, target, &configs, 32, hold).await;
+    let flood = attack::handshake_flood(&endpoints, target, &configs, 32, hold, FLOOD_PATIENCE).await;
     let after = cluster.status(1).await.counters;
     format!(
-        "{} attempts: {} refused, {} retried",
+        "{} attempts ({} given up after {} ms): {} refused after a handshake, {} dropped unanswered, {} retried",
         flood.attempts,
+        flood.abandoned,
+        FLOOD_PATIENCE.as_millis(),
         after.handshakes_refused - before.handshakes_refused,
+        after.handshakes_throttled - before.handshakes_throttled,
         after.handshakes_retried - before.handshakes_retried
     )
 }
