@@ -310,21 +310,26 @@ fn main() -> ExitCode {
         }
     };
     init_logs(cli.log_format);
-    // `keyhome run` sizes its runtime by the node's `worker_threads` (0: tokio's default).
-    let workers = match &cli.command {
+    // `keyhome run` sizes its runtime by the node's `worker_threads` (0: tokio's default), and
+    // `keyhome dev` takes tokio's default; every other command is one request or a few, which
+    // one thread serves with no cross-thread wake-ups and no threads to start.
+    let mut builder = match &cli.command {
         Command::Run { config } => match NodeConfig::load(config) {
-            Ok(config) => config.worker_threads,
+            Ok(config) => {
+                let mut builder = tokio::runtime::Builder::new_multi_thread();
+                if config.worker_threads > 0 {
+                    builder.worker_threads(config.worker_threads);
+                }
+                builder
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
         },
-        _ => 0,
+        Command::Dev(_) => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
     };
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
-        builder.worker_threads(workers);
-    }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -280,6 +280,9 @@ async fn sessions_and_lost_lock_events_work_as_on_quic() {
     let key = key_homed_on("recalled", &[1, 2, 3], 2);
     let client = cluster.local_client(1).await;
     let mut events = client.events().await.expect("subscribe");
+    // One event stream per connection: a second is refused and leaves the first its events.
+    let second = client.events().await.err().expect("a second subscription is refused");
+    assert!(second.to_string().contains("already has an event stream"), "{second}");
 
     // Another node's client wants the key: the holder is told to hurry (event 1).
     let held = client.lock(&key, TTL, PATIENCE).await.expect("lock");

@@ -35,7 +35,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Args;
-use keyhome::client::{Client, ClientError, ClientLock};
+use keyhome::client::{ClientError, ClientLock, Events};
 use keyhome::clock::{BootClock, MAX_SLEEP};
 use keyhome::duration::Human;
 use keyhome::wire::{ClientEvent, ErrorKind, EventKind};
@@ -170,7 +170,9 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let (program, rest) = args.command.split_first().ok_or("no command given")?;
     let client = crate::connect(&args.profile.profile).await?;
     let clock = client.clock();
-    let mut held = match client.lock(key.as_bytes(), args.ttl, args.wait).await {
+    // The event stream opens beside the lock request, in the same round trip.
+    let (held, events) = tokio::join!(client.lock(key.as_bytes(), args.ttl, args.wait), client.events());
+    let mut held = match held {
         Ok(held) => held,
         Err(e) if e.kind() == Some(ErrorKind::Timeout) || matches!(e, ClientError::TimedOut { .. }) => {
             eprintln!("keyhome lock: {key:?} was not locked within {}: {e}", Human(args.wait));
@@ -178,7 +180,13 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
         Err(e) => return Err(e.into()),
     };
-    let lost = watch_events(&client, held.handle()).await?;
+    let lost = match events {
+        Ok(events) => watch_events(events, held.handle()),
+        Err(e) => {
+            let _ = held.unlock(None).await;
+            return Err(e.into());
+        }
+    };
     let plan = Plan::new(args.ttl, args.kill_after, held.valid_for());
     if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
         // A delegation near its end: its holder node renews it once half of it is left.
@@ -273,11 +281,10 @@ fn handoff_note(args: &LockArgs) -> Option<Vec<u8>> {
     }
 }
 
-/// Subscribes to the connection's events; the receiver yields why the lock is over when
+/// Watches the connection's event stream; the receiver yields why the lock is over when
 /// `handle` expired, or when the stream (the connection) ends. The reading task owns the stream:
 /// reading a frame is not cancel-safe.
-async fn watch_events(client: &Client, handle: u64) -> Result<LostEvents, ClientError> {
-    let mut events = client.events().await?;
+fn watch_events(mut events: Events, handle: u64) -> LostEvents {
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(async move {
         loop {
@@ -295,7 +302,7 @@ async fn watch_events(client: &Client, handle: u64) -> Result<LostEvents, Client
             }
         }
     });
-    Ok(LostEvents { rx })
+    LostEvents { rx }
 }
 
 /// Loss reports from the node, see [`watch_events`].

@@ -115,10 +115,19 @@ impl LocalConn {
     /// Subscribes to the connection's events.
     pub(super) async fn subscribe(&self) -> Result<mpsc::Receiver<ClientEvent>, ClientError> {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        // Set before the node starts sending: no event can arrive unseen.
-        lock(&self.state).events = Some(tx);
+        // Set before the node starts sending: no event can arrive unseen. A connection has one
+        // event stream for its life: a second `Subscribe` is the node's to refuse, and must not
+        // take the first stream's events.
+        let first = {
+            let mut state = lock(&self.state);
+            let first = state.events.is_none();
+            if first {
+                state.events = Some(tx);
+            }
+            first
+        };
         match self.call(Request::Subscribe).await? {
-            Response::Subscribed => Ok(rx),
+            Response::Subscribed if first => Ok(rx),
             Response::Error(e) => Err(ClientError::Api(e)),
             _ => Err(ClientError::Unexpected),
         }
