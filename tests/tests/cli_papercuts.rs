@@ -260,9 +260,14 @@ async fn dev_hints_work_from_anywhere_ports_are_checked_and_logs_append() {
     assert!(out.status.success(), "{out:?}");
     stop(dev);
 
-    // A second run appends to each node's log.
-    let (dev, _) = dev_until_ready(&layout, &args).await;
+    // A second run appends to each node's log, and names the ports the existing cluster has
+    // whatever --port says.
+    let other_port = dev_args(&(port + 10).to_string());
+    let other_port: Vec<&str> = other_port.iter().map(String::as_str).collect();
+    let (dev, hints) = dev_until_ready(&layout, &other_port).await;
     stop(dev);
+    let banner = format!("3 nodes on 127.0.0.1:{port}..{} (existing cluster", port + 2);
+    assert!(hints.contains(&banner), "{hints}");
     let log = std::fs::read_to_string(dir.join("node-1/node.log")).unwrap();
     assert_eq!(log.matches("node started").count(), 2, "both runs' starts are in the log:\n{log}");
 }

@@ -83,11 +83,14 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
         nodes.stop().await;
         return Err(e);
     }
+    // The ports the nodes listen on: an existing cluster keeps its own, whatever --port says.
+    let listen = |config: Option<&PathBuf>| config.and_then(|c| NodeConfig::load(c).ok()).map(|c| c.listen);
+    let ports = match (listen(nodes.configs.first()), listen(nodes.configs.last())) {
+        (Some(first), Some(last)) => format!("{first}..{}", last.port()),
+        _ => format!("127.0.0.1:{}..{}", args.port, u64::from(args.port) + count - 1),
+    };
     println!(
-        "keyhome dev: {} nodes on 127.0.0.1:{}..{} ({}; logs in {dir}/node-*/node.log)",
-        count,
-        args.port,
-        u64::from(args.port) + count - 1,
+        "keyhome dev: {count} nodes on {ports} ({}; logs in {dir}/node-*/node.log)",
         if fresh { "new cluster" } else { "existing cluster" },
     );
     println!("try, in another shell (from any directory):");
