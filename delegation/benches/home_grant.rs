@@ -29,6 +29,13 @@
 //!   16-byte keys (the figure the target is about), then with 16-to-32-byte keys (mean 24, as the
 //!   timed cases). Runs unless a filter is given that does not match `home_memory`.
 //!
+//! - `home_epoch_walk` (printed): how long one `Home::on_epoch_change` takes with ONE MILLION
+//!   live delegations (16-byte keys) — the time the node's core is held for it, so the stall an
+//!   epoch change puts on every other call. Twice: an epoch that moves no key (every key stays
+//!   homed here) and one that adds two members, so the ring (`keyhome_ring::home`, as the node
+//!   asks it) moves about two thirds of the keys away, each to be handed over. Runs unless a
+//!   filter is given that does not match `home_epoch_walk`.
+//!
 //! The counting allocator is in force for the timed cases too: it adds one thread-local add per
 //! allocation and free.
 
@@ -433,6 +440,70 @@ fn home_memory_with(what: &str, key: impl Fn(usize) -> Vec<u8>, rss: bool) {
     black_box(&home);
 }
 
+// ---- epoch change ----
+
+/// Epoch 2: either every key still homed here (`members` just this node), or homed by the ring
+/// over `members`.
+struct Next {
+    members: Vec<NodeId>,
+}
+
+impl Authority for Next {
+    fn epoch(&self) -> u64 {
+        2
+    }
+    fn incarnation(&self) -> u64 {
+        1
+    }
+    fn timing(&self) -> Timing {
+        Timing::DEFAULT
+    }
+    fn is_member(&self, node: NodeId) -> bool {
+        self.members.contains(&node)
+    }
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        keyhome_ring::home(key, &self.members)
+    }
+    fn home_active(&self, _now: Instant, _key: &[u8]) -> bool {
+        true
+    }
+    fn holds_lease(&self, _now: Instant) -> bool {
+        true
+    }
+}
+
+fn home_epoch_walk() {
+    const COUNT: usize = 1_000_000;
+    for (what, members) in
+        [("no key moves", vec![ME]), ("two members added, about 2/3 of the keys move", vec![ME, A, B])]
+    {
+        let mut config = HomeConfig::new(ME);
+        config.limits.max_delegations = 2 * COUNT;
+        let mut home = Home::new(config, Instant::ZERO);
+        let mut now = Instant::from_nanos(60_000_000_000);
+        for i in 0..COUNT {
+            now = now + Duration::from_nanos(1);
+            let m = request(format!("m{i:015}").as_bytes(), i as u64 + 1, Duration::ZERO, None);
+            home.handle_message(now, BACKGROUND[i % BACKGROUND.len()], m, &Fixed);
+            while home.poll_transmit().is_some() {}
+        }
+        let next = Next { members };
+        let start = std::time::Instant::now();
+        home.on_epoch_change(now, &next);
+        let mut sent = 0usize;
+        while home.poll_transmit().is_some() {
+            sent += 1;
+        }
+        let took = start.elapsed();
+        println!(
+            "home_epoch_walk: {COUNT} live delegations, {what}: on_epoch_change + its {sent} messages took {:.1} ms ({:.0} ns per key)",
+            took.as_secs_f64() * 1e3,
+            took.as_secs_f64() * 1e9 / COUNT as f64
+        );
+        black_box(&home);
+    }
+}
+
 /// Whether the command line asks for `name`: no filter given, or a filter that is a substring.
 fn wants(name: &str) -> bool {
     const VALUED: &[&str] = &[
@@ -474,6 +545,9 @@ criterion_group!(benches, bench_requests);
 fn main() {
     if wants("home_memory") {
         home_memory();
+    }
+    if wants("home_epoch_walk") {
+        home_epoch_walk();
     }
     benches();
     Criterion::default().configure_from_args().final_summary();
