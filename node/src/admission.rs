@@ -200,7 +200,7 @@ pub struct Admission {
 struct Slots {
     handshakes: usize,
     handshakes_by_addr: HashMap<IpAddr, usize>,
-    /// The failed-handshake bucket of each address that failed lately.
+    /// The failed-handshake bucket of each source (see [`failing_source`]) that failed lately.
     failures: lru::LruCache<IpAddr, Bucket>,
     clients: usize,
     /// Open connections and their shared request budget, per identity.
@@ -219,7 +219,16 @@ impl Default for Slots {
     }
 }
 
-/// One address's failed handshakes still allowed, as of `at`.
+/// Whose bucket a failed handshake from `ip` counts against: the IPv4 address, or the IPv6 /64
+/// (one host usually has a whole /64 to pick addresses from).
+fn failing_source(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !u128::from(u64::MAX))),
+    }
+}
+
+/// One source's failed handshakes still allowed, as of `at`.
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
     left: u32,
@@ -265,7 +274,7 @@ impl Admission {
         let ip = remote.ip();
         let mut slots = lock(&self.slots);
         let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
-        if let Some(bucket) = slots.failures.peek_mut(&ip) {
+        if let Some(bucket) = slots.failures.peek_mut(&failing_source(ip)) {
             *bucket = bucket.refilled(now, full, refill);
             if bucket.left == 0 {
                 return Verdict::Throttle;
@@ -295,7 +304,11 @@ impl Admission {
     pub fn handshake_failed(&self, now: Instant, ip: IpAddr, proven: bool) {
         let mut slots = lock(&self.slots);
         let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
-        let bucket = slots.failures.get_or_insert_mut(ip, || Bucket { left: full, at: now, validate: false });
+        let bucket = slots.failures.get_or_insert_mut(failing_source(ip), || Bucket {
+            left: full,
+            at: now,
+            validate: false,
+        });
         let refilled = bucket.refilled(now, full, refill);
         *bucket = if proven {
             Bucket { left: refilled.left.saturating_sub(1), ..refilled }
@@ -570,6 +583,15 @@ mod tests {
         }
         assert!(matches!(verdict(30, a), Verdict::Throttle), "the bucket is empty");
         assert!(matches!(verdict(30, b), Verdict::Handshake(_)), "other addresses are not affected");
+        let v6 = |s: &str| -> SocketAddr { s.parse().unwrap() };
+        for i in 0..3 {
+            admission.handshake_failed(at(30), v6(&format!("[2001:db8::{i}]:1000")).ip(), true);
+        }
+        assert!(
+            matches!(verdict(30, v6("[2001:db8::ffff:1]:1000")), Verdict::Throttle),
+            "an IPv6 /64 shares one bucket"
+        );
+        assert!(matches!(verdict(30, v6("[2001:db8:0:1::1]:1000")), Verdict::Handshake(_)), "another /64");
         assert!(matches!(verdict(999, a), Verdict::Throttle), "not a whole interval yet");
         assert!(matches!(verdict(1000, a), Verdict::Handshake(_)), "one earned back");
         admission.handshake_failed(at(1000), a.ip(), true);
