@@ -470,6 +470,7 @@ impl Holder {
     /// `ttl` (more than zero) bounds the handle: its deadline is `min(now + ttl, delegation
     /// deadline)`. Keys longer than `limits.max_key_len` fail with [`LockError::KeyTooLong`]
     /// before anything is allocated.
+    #[inline]
     pub fn try_lock(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Result<Handle, LockError> {
         self.check(key, ttl)?;
         if let Some(handle) = self.admit_now(now, key, ttl) {
@@ -566,6 +567,7 @@ impl Holder {
     /// The next local waiter is admitted at once (as [`Event::Locked`]), with no message. While a
     /// recall is under way the delegation is released at once instead, with this note. Errors as
     /// for [`Holder::renew`].
+    #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         if note.as_ref().is_some_and(|n| n.len() > self.config.limits.max_note_len) {
             return Err(LockError::NoteTooLarge);
@@ -719,6 +721,11 @@ impl Holder {
     /// The next event for the application.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.io.events.pop_front()
+    }
+
+    /// Whether [`Holder::poll_transmit`] or [`Holder::poll_event`] has something to hand out.
+    pub fn has_output(&self) -> bool {
+        !self.io.out.is_empty() || !self.io.events.is_empty()
     }
 
     // ---- internals: lock table ----

@@ -20,18 +20,19 @@ pub const MAX_SLEEP: Duration = Duration::from_millis(250);
 /// `CLOCK_BOOTTIME`, as [`Instant`]s counted from the moment the clock was created.
 #[derive(Clone, Copy, Debug)]
 pub struct BootClock {
-    origin: Duration,
+    /// `CLOCK_BOOTTIME` at creation, in nanoseconds.
+    origin: u64,
 }
 
 impl BootClock {
     pub fn new() -> BootClock {
-        BootClock { origin: boottime() }
+        BootClock { origin: boottime_nanos() }
     }
 
     /// The current reading. Never decreases.
+    #[inline]
     pub fn now(&self) -> Instant {
-        let since = boottime().saturating_sub(self.origin);
-        Instant::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+        Instant::from_nanos(boottime_nanos().saturating_sub(self.origin))
     }
 
     /// How long from now until `at` (zero if it has passed).
@@ -46,7 +47,11 @@ impl Default for BootClock {
     }
 }
 
-fn boottime() -> Duration {
+/// `CLOCK_BOOTTIME` in nanoseconds (saturating: u64 nanoseconds last 584 years). Integer
+/// arithmetic only: every lock and unlock reads the clock.
+fn boottime_nanos() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
-    Duration::new(u64::try_from(ts.tv_sec).unwrap_or(0), u32::try_from(ts.tv_nsec).unwrap_or(0))
+    let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
+    let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);
+    secs.saturating_mul(1_000_000_000).saturating_add(nanos)
 }

@@ -262,15 +262,16 @@ impl Core {
 
     /// The earliest instant something is due, local deliveries included.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [
+        // Straight-line rather than an iterator over the four: the runtime asks after every call.
+        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let cores = earliest(
             self.epoch.poll_timeout(),
-            self.home.poll_timeout(),
-            self.holder.poll_timeout(),
-            self.check_deadlines.peek().map(|Reverse((at, _))| *at),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+            earliest(self.home.poll_timeout(), self.holder.poll_timeout()),
+        );
+        earliest(cores, self.check_deadlines.peek().map(|Reverse((at, _))| *at))
     }
 
     /// The writes of [`Output::Persist`] `number` (and of every earlier one) are durable: the
@@ -342,6 +343,7 @@ impl Core {
 
     /// Locks `key` only if that needs no message: the fast path of embedded callers. A miss
     /// starts asking the key's home in the background.
+    #[inline]
     pub fn try_lock(
         &mut self,
         now: Instant,
@@ -377,6 +379,7 @@ impl Core {
     }
 
     /// Ends a live handle, leaving `note` for the next holder.
+    #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         let result = self.holder.unlock(now, handle, note);
         if result.is_ok() {
@@ -685,12 +688,16 @@ impl Core {
         }
     }
 
-    /// [`Core::settle`] only when something is due: the hot path (a re-lock, an unlock) leaves
-    /// nothing behind in the common case.
+    /// [`Core::settle`] only when something is due, after a call that reached only the holder
+    /// ([`Core::try_lock`], [`Core::renew`], [`Core::unlock`]): the hot path (a re-lock, an
+    /// unlock) leaves nothing behind in the common case. Every call leaves every core drained and
+    /// no local message queued, so only the holder can have produced something: when it has not,
+    /// there is nothing to drain.
     fn settle_if_due(&mut self, now: Instant) {
+        debug_assert!(self.local.is_empty(), "a local message outlived the call that queued it");
         if self.holder.poll_timeout().is_some_and(|t| t <= now) {
             self.settle(now);
-        } else {
+        } else if self.holder.has_output() {
             self.drain(now);
         }
     }

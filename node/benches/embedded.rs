@@ -1,0 +1,76 @@
+//! Embedded re-lock driver: one node (its own home) in this process, and a loop of
+//! `Node::try_lock` + dropping the guard on one key whose delegation the node holds. Small enough
+//! to run under an instruction counter, so the hot path's cost is measured without wall-clock
+//! noise:
+//!
+//!     cargo bench -p keyhome --bench embedded -- --pairs 1000000
+//!     valgrind --tool=callgrind --toggle-collect='embedded::relock' \
+//!         $CARGO_TARGET_DIR/release/deps/embedded-<hash> --pairs 100000
+//!
+//! Under callgrind only `relock` is counted: its total divided by `--pairs` is the instructions
+//! per lock+unlock pair. The ns per pair it prints are a single wall-clock figure (the cluster
+//! bench's `embedded re-lock` is the one reported in docs/benchmarks.md).
+
+use std::time::{Duration, Instant};
+
+use keyhome::config::{LockSettings, NodeConfig};
+use keyhome::{Node, setup};
+use keyhome_epoch::Timing;
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let mut pairs = 1_000_000usize;
+    while let Some(arg) = args.next() {
+        if arg == "--pairs" {
+            pairs = args.next().and_then(|n| n.parse().ok()).expect("--pairs takes a number");
+        }
+    }
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    rt.block_on(run(pairs));
+}
+
+async fn run(pairs: usize) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = (20_000..60_000)
+        .step_by(97)
+        .find(|&p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
+        .expect("a free port");
+    let timing = Timing {
+        home_lease: Duration::from_secs(2),
+        max_delegation_lease: Duration::from_secs(5),
+        clock_rate_ppm: 10_000,
+    };
+    let configs = setup::dev_cluster(dir.path(), 1, port, timing, &LockSettings::default()).expect("layout");
+    let mut config = NodeConfig::load(&configs[0]).expect("config");
+    config.http = None;
+    let node = Node::start(config).await.expect("node starts");
+    let ready = Instant::now();
+    while !{
+        let s = node.status();
+        s.home_lease_left.is_some() && s.quarantine_left.is_zero()
+    } {
+        assert!(ready.elapsed() < Duration::from_secs(120), "node did not settle");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let key = b"bench/embedded-relock";
+    let ttl = Duration::from_secs(10);
+    node.lock(key, ttl, Duration::from_secs(10)).await.expect("first lock").unlock(None).expect("unlock");
+    for _ in 0..pairs / 10 {
+        drop(node.try_lock(key, ttl).expect("warm-up re-lock")); // not counted by callgrind
+    }
+    let start = Instant::now();
+    relock(&node, key, ttl, pairs);
+    let per_pair = start.elapsed() / u32::try_from(pairs).expect("pairs fit in u32");
+    println!("embedded re-lock: {pairs} pairs, {} ns per pair", per_pair.as_nanos());
+    node.shutdown(Duration::from_millis(100)).await;
+}
+
+/// The measured loop: `pairs` lock+unlock pairs on `key`.
+#[inline(never)]
+fn relock(node: &Node, key: &[u8], ttl: Duration, pairs: usize) {
+    for _ in 0..pairs {
+        let guard = node.try_lock(key, ttl).expect("re-lock needs no message");
+        drop(std::hint::black_box(guard));
+    }
+}
