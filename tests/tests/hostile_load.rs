@@ -1,7 +1,8 @@
 //! Hostile load against a real node (issue 12; docs/operations.md, "Limits and hostile load"):
 //! stalled requests, a connection flood from one certificate, half-open and unauthenticated
 //! handshake floods, malformed requests, a second subscription and a second process claiming a
-//! node id. Each asserts that its cap or timeout fired (status counters, close codes and reasons,
+//! node id; in a test of its own, the hard limit on handshakes in progress. Each asserts that its
+//! cap or timeout fired (status counters, close codes and reasons,
 //! the error answered) while a control client keeps locking. Small limits keep it to seconds.
 
 use std::net::IpAddr;
@@ -344,4 +345,52 @@ async fn a_second_process_claiming_a_node_id_is_shown(cluster: &Cluster, target:
     assert!(status.to_string().contains("node 2 is claimed by live connections from"), "{status}");
     conn.close(0u32.into(), b"done");
     wait_load(cluster, "the second claim ended", |s| s.duplicate_ids.is_empty()).await;
+}
+
+/// At `max_handshakes` in progress, a further attempt is dropped unanswered (no packet back, so
+/// it costs the node nothing more), counted; once the half-open handshakes time out, clients get
+/// in again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_hard_limit_attempts_are_dropped_unanswered() {
+    const MAX: usize = 4;
+    let mut cluster = Cluster::layout(Options { nodes: 1, ..Options::default() });
+    let config = cluster.node_config(1);
+    let mut toml = std::fs::read_to_string(&config).expect("node 1's configuration");
+    // No retry below the hard limit, so that replayed Initials fill it.
+    toml.push_str(&format!(
+        "\n[limits]\nmax_handshakes = {MAX}\nretry_handshakes_above = {}\nmax_handshakes_per_addr = 2\n",
+        MAX + 1
+    ));
+    std::fs::write(&config, toml).expect("write node 1's limits");
+    cluster.start_node(1);
+    cluster.wait_ready(&[1], 1).await;
+    let target = Target::new(&cluster, 1);
+    let initials =
+        attack::record_initials(&target, &attack::client_config(&target, &target.mallory), MAX + 1).await;
+    let mut held = attack::replay_initials(&initials[..2], ip("127.0.0.2"), target.addr).await;
+    held.extend(attack::replay_initials(&initials[2..MAX], ip("127.0.0.3"), target.addr).await);
+    wait_load(&cluster, "the hard limit of handshakes in progress", |s| s.load.handshakes as usize == MAX)
+        .await;
+    // An admitted attempt is answered (the node's first flight)...
+    let mut buf = [0u8; 2048];
+    let answered = tokio::time::timeout(PATIENCE, held[0].recv(&mut buf)).await;
+    assert!(
+        matches!(answered, Ok(Ok(n)) if n > 0),
+        "an admitted attempt gets the node's Initial: {answered:?}"
+    );
+    // ...the one over the limit is not, and only counted.
+    let before = counters(&cluster).await;
+    let over = attack::replay_initials(&initials[MAX..], ip("127.0.0.4"), target.addr).await;
+    let status = wait_load(&cluster, "the attempt over the limit counted", |s| {
+        s.counters.handshakes_refused == before.handshakes_refused + 1
+    })
+    .await;
+    assert_eq!(status.load.handshakes as usize, MAX, "it holds no handshake");
+    assert_eq!(status.counters.handshakes_retried, 0, "and was not retried");
+    let silence = tokio::time::timeout(Duration::from_millis(500), over[0].recv(&mut buf)).await;
+    assert!(silence.is_err(), "the node answered an attempt over its hard limit: {silence:?}");
+    // The half-open handshakes end at the idle timeout; a new client then connects.
+    wait_load(&cluster, "half-open handshakes time out", |s| s.load.handshakes == 0).await;
+    let client = cluster.client(1).await;
+    client.status().await.expect("a client connects once the handshakes ended");
 }
