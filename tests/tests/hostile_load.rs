@@ -2,8 +2,8 @@
 //! stalled requests, a connection flood from one certificate, half-open and unauthenticated
 //! handshake floods, malformed requests, a second subscription and a second process claiming a
 //! node id; in a test of its own, the hard limit on handshakes in progress. Each asserts that its
-//! cap or timeout fired (status counters, close codes and reasons,
-//! the error answered) while a control client keeps locking. Small limits keep it to seconds.
+//! cap or timeout fired (status counters, close codes and reasons, the error answered) while a
+//! control client keeps locking. Small limits keep it to seconds.
 
 use std::net::IpAddr;
 use std::sync::Arc;
