@@ -92,7 +92,7 @@ fn allocated() -> isize {
     ALLOCATED.with(|a| a.get())
 }
 
-// ---- a fixed epoch layer: every key homed here, active, every node a member ----
+// ---- the epoch layer: every key homed here, active, every node a member ----
 
 const ME: NodeId = NodeId(1);
 /// Holders of the background delegations (one per 62 500, under the per-requester cap).
@@ -108,11 +108,19 @@ const BACKGROUND: [NodeId; 16] = {
 const A: NodeId = NodeId(2);
 const B: NodeId = NodeId(3);
 
-struct Fixed;
+/// An epoch layer: epoch `epoch`, every node a member and every key homed here and active; or,
+/// with `ring`, the members and homes of a ring over those nodes.
+struct Layer {
+    epoch: u64,
+    ring: Option<&'static [NodeId]>,
+}
 
-impl Authority for Fixed {
+/// The layer of the timed cases: epoch 1, every key homed here.
+const FIXED: Layer = Layer { epoch: 1, ring: None };
+
+impl Authority for Layer {
     fn epoch(&self) -> u64 {
-        1
+        self.epoch
     }
     fn incarnation(&self) -> u64 {
         1
@@ -120,11 +128,11 @@ impl Authority for Fixed {
     fn timing(&self) -> Timing {
         Timing::DEFAULT
     }
-    fn is_member(&self, _node: NodeId) -> bool {
-        true
+    fn is_member(&self, node: NodeId) -> bool {
+        self.ring.is_none_or(|members| members.contains(&node))
     }
-    fn home_of(&self, _key: &[u8]) -> Option<NodeId> {
-        Some(ME)
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        self.ring.map_or(Some(ME), |members| keyhome_ring::home(key, members))
     }
     fn home_active(&self, _now: Instant, _key: &[u8]) -> bool {
         true
@@ -199,7 +207,7 @@ impl Bench {
     #[inline]
     fn deliver(&mut self, from: NodeId, m: Message) {
         self.now = self.now + Duration::from_nanos(1);
-        self.home.handle_message(self.now, from, m, &Fixed);
+        self.home.handle_message(self.now, from, m, &FIXED);
     }
 
     fn drain(&mut self) -> Vec<(NodeId, Body)> {
@@ -400,7 +408,7 @@ fn home_memory_with(what: &str, key: impl Fn(usize) -> Vec<u8>, rss: bool) {
     let mut now = Instant::from_nanos(60_000_000_000);
     let holders = BACKGROUND;
     // Warm the output queue with one grant, so its (reused) buffer is not counted.
-    home.handle_message(now, A, request(b"warm-up-key-0000", 0, Duration::ZERO, None), &Fixed);
+    home.handle_message(now, A, request(b"warm-up-key-0000", 0, Duration::ZERO, None), &FIXED);
     while home.poll_transmit().is_some() {}
     // Keys are built inside the measured window: the home keeps a request's key buffer as its own
     // copy of the key, so building them beforehand would hide that allocation.
@@ -416,7 +424,7 @@ fn home_memory_with(what: &str, key: impl Fn(usize) -> Vec<u8>, rss: bool) {
         for i in at..target {
             now = now + Duration::from_nanos(1);
             let m = request(&key(i), i as u64 + 1, Duration::ZERO, None);
-            home.handle_message(now, holders[i % holders.len()], m, &Fixed);
+            home.handle_message(now, holders[i % holders.len()], m, &FIXED);
             while home.poll_transmit().is_some() {}
         }
         at = target;
@@ -442,40 +450,11 @@ fn home_memory_with(what: &str, key: impl Fn(usize) -> Vec<u8>, rss: bool) {
 
 // ---- epoch change ----
 
-/// Epoch 2: either every key still homed here (`members` just this node), or homed by the ring
-/// over `members`.
-struct Next {
-    members: Vec<NodeId>,
-}
-
-impl Authority for Next {
-    fn epoch(&self) -> u64 {
-        2
-    }
-    fn incarnation(&self) -> u64 {
-        1
-    }
-    fn timing(&self) -> Timing {
-        Timing::DEFAULT
-    }
-    fn is_member(&self, node: NodeId) -> bool {
-        self.members.contains(&node)
-    }
-    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
-        keyhome_ring::home(key, &self.members)
-    }
-    fn home_active(&self, _now: Instant, _key: &[u8]) -> bool {
-        true
-    }
-    fn holds_lease(&self, _now: Instant) -> bool {
-        true
-    }
-}
-
 fn home_epoch_walk() {
     const COUNT: usize = 1_000_000;
-    for (what, members) in
-        [("no key moves", vec![ME]), ("two members added, about 2/3 of the keys move", vec![ME, A, B])]
+    const ALONE: &[NodeId] = &[ME];
+    const THREE: &[NodeId] = &[ME, A, B];
+    for (what, members) in [("no key moves", ALONE), ("two members added, about 2/3 of the keys move", THREE)]
     {
         let mut config = HomeConfig::new(ME);
         config.limits.max_delegations = 2 * COUNT;
@@ -484,10 +463,10 @@ fn home_epoch_walk() {
         for i in 0..COUNT {
             now = now + Duration::from_nanos(1);
             let m = request(format!("m{i:015}").as_bytes(), i as u64 + 1, Duration::ZERO, None);
-            home.handle_message(now, BACKGROUND[i % BACKGROUND.len()], m, &Fixed);
+            home.handle_message(now, BACKGROUND[i % BACKGROUND.len()], m, &FIXED);
             while home.poll_transmit().is_some() {}
         }
-        let next = Next { members };
+        let next = Layer { epoch: 2, ring: Some(members) };
         let start = std::time::Instant::now();
         home.on_epoch_change(now, &next);
         let mut sent = 0usize;

@@ -110,24 +110,16 @@ impl Limits {
     /// Says what is wrong with the settings, if anything.
     pub fn check(&self) -> Result<(), String> {
         let positive = [
-            ("max_client_connections", self.max_client_connections),
-            ("max_connections_per_identity", self.max_connections_per_identity),
-            ("max_handshakes_per_addr", self.max_handshakes_per_addr),
-            ("max_handshakes", self.max_handshakes),
+            ("max_client_connections", self.max_client_connections as u64),
+            ("max_connections_per_identity", self.max_connections_per_identity as u64),
+            ("max_handshakes_per_addr", self.max_handshakes_per_addr as u64),
+            ("max_handshakes", self.max_handshakes as u64),
+            ("failed_handshakes_per_addr", u64::from(self.failed_handshakes_per_addr)),
+            ("failed_handshake_refill_ms", self.failed_handshake_refill_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(format!("limits.{name} must be at least 1"));
-        }
-        if self.failed_handshakes_per_addr == 0 {
-            return Err("limits.failed_handshakes_per_addr must be at least 1".into());
-        }
-        for (name, ms) in [
-            ("request_timeout_ms", self.request_timeout_ms),
-            ("failed_handshake_refill_ms", self.failed_handshake_refill_ms),
-        ] {
-            if ms == 0 {
-                return Err(format!("limits.{name} must be at least 1"));
-            }
         }
         if !(MAX_CLIENT_FRAME..=MAX_BUDGET).contains(&self.request_bytes_per_connection) {
             return Err(format!(
@@ -238,8 +230,14 @@ struct Bucket {
 }
 
 impl Bucket {
-    /// The bucket refilled up to `now` (one failure per `refill`, at most `full`).
-    fn refilled(self, now: Instant, full: u32, refill: Duration) -> Bucket {
+    /// A full bucket, as of `now`.
+    fn full(now: Instant, limits: &Limits) -> Bucket {
+        Bucket { left: limits.failed_handshakes_per_addr, at: now, validate: false }
+    }
+
+    /// The bucket refilled up to `now` (one failure per refill interval, at most full).
+    fn refilled(self, now: Instant, limits: &Limits) -> Bucket {
+        let (full, refill) = (limits.failed_handshakes_per_addr, limits.failed_handshake_refill());
         let earned = now.saturating_duration_since(self.at).as_nanos() / refill.as_nanos().max(1);
         let earned = u32::try_from(earned).unwrap_or(u32::MAX);
         if self.left.saturating_add(earned) >= full {
@@ -273,9 +271,8 @@ impl Admission {
     ) -> Verdict {
         let ip = remote.ip();
         let mut slots = lock(&self.slots);
-        let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
         if let Some(bucket) = slots.failures.peek_mut(&failing_source(ip)) {
-            *bucket = bucket.refilled(now, full, refill);
+            *bucket = bucket.refilled(now, &self.limits);
             if bucket.left == 0 {
                 return Verdict::Throttle;
             }
@@ -303,13 +300,8 @@ impl Admission {
     /// any other makes the address validate itself from then on.
     pub fn handshake_failed(&self, now: Instant, ip: IpAddr, proven: bool) {
         let mut slots = lock(&self.slots);
-        let (full, refill) = (self.limits.failed_handshakes_per_addr, self.limits.failed_handshake_refill());
-        let bucket = slots.failures.get_or_insert_mut(failing_source(ip), || Bucket {
-            left: full,
-            at: now,
-            validate: false,
-        });
-        let refilled = bucket.refilled(now, full, refill);
+        let bucket = slots.failures.get_or_insert_mut(failing_source(ip), || Bucket::full(now, &self.limits));
+        let refilled = bucket.refilled(now, &self.limits);
         *bucket = if proven {
             Bucket { left: refilled.left.saturating_sub(1), ..refilled }
         } else {

@@ -314,22 +314,21 @@ fn main() -> ExitCode {
     // `keyhome dev` takes tokio's default; every other command is one request or a few, which
     // one thread serves with no cross-thread wake-ups and no threads to start.
     let mut builder = match &cli.command {
-        Command::Run { config } => match NodeConfig::load(config) {
-            Ok(config) => {
-                let mut builder = tokio::runtime::Builder::new_multi_thread();
-                if config.worker_threads > 0 {
-                    builder.worker_threads(config.worker_threads);
-                }
-                builder
+        Command::Run { .. } | Command::Dev(_) => tokio::runtime::Builder::new_multi_thread(),
+        _ => tokio::runtime::Builder::new_current_thread(),
+    };
+    if let Command::Run { config } = &cli.command {
+        match NodeConfig::load(config) {
+            Ok(config) if config.worker_threads > 0 => {
+                builder.worker_threads(config.worker_threads);
             }
+            Ok(_) => {}
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
-        },
-        Command::Dev(_) => tokio::runtime::Builder::new_multi_thread(),
-        _ => tokio::runtime::Builder::new_current_thread(),
-    };
+        }
+    }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -67,8 +67,7 @@ pub struct Cluster {
     pub dir: PathBuf,
     /// The cluster's ports: node `i` at `base + i - 1`, in a relayed cluster its relay at
     /// `base + n + i - 1`; each held until its node starts (or its relay takes the socket).
-    ports: Mutex<PortBlock>,
-    base_port: u16,
+    ports: PortBlock,
     /// Whether the genesis names relay addresses ([`Cluster::relay_addr`]) rather than the nodes'.
     relayed: bool,
     /// Whether the genesis and the profiles name the nodes `localhost:PORT` rather than
@@ -130,8 +129,7 @@ impl Cluster {
             options,
             tmp,
             dir,
-            ports: Mutex::new(ports),
-            base_port,
+            ports,
             relayed,
             named,
             binary: keyhome_binary(),
@@ -163,7 +161,7 @@ impl Cluster {
 
     /// The address node `id` listens on.
     pub fn addr(&self, id: u64) -> SocketAddr {
-        SocketAddr::from(([127, 0, 0, 1], self.base_port + (id - 1) as u16))
+        SocketAddr::from(([127, 0, 0, 1], self.ports.base() + (id - 1) as u16))
     }
 
     /// The address clients reach node `id` at, as its profiles give it: `localhost:PORT` in a
@@ -204,16 +202,13 @@ impl Cluster {
         if !self.relayed {
             return self.addr(id);
         }
-        SocketAddr::from(([127, 0, 0, 1], self.base_port + (self.options.nodes + id - 1) as u16))
+        SocketAddr::from(([127, 0, 0, 1], self.ports.base() + (self.options.nodes + id - 1) as u16))
     }
 
     /// Frees every port the cluster holds, for a process other than its nodes to bind (a
     /// `keyhome dev` run on the laid-out ports).
     pub fn release_ports(&self) {
-        let mut ports = self.ports.lock().expect("ports");
-        for i in 0..ports.held.len() {
-            ports.release(i as u16);
-        }
+        self.ports.release_all();
     }
 
     /// The UDP socket bound to [`Cluster::relay_addr`]`(id)`, for the relay in front of node `id`
@@ -221,11 +216,7 @@ impl Cluster {
     pub fn take_relay_socket(&self, id: u64) -> UdpSocket {
         assert!(self.relayed, "a relay socket of a cluster with no relays");
         let i = (self.options.nodes + id - 1) as u16;
-        self.ports
-            .lock()
-            .expect("ports")
-            .take_udp(i)
-            .unwrap_or_else(|| panic!("node {id}'s relay socket is taken"))
+        self.ports.take_udp(i).unwrap_or_else(|| panic!("node {id}'s relay socket is taken"))
     }
 
     pub fn node_dir(&self, id: u64) -> PathBuf {
@@ -257,7 +248,7 @@ impl Cluster {
             .stdout(log.try_clone().expect("node log"))
             .stderr(log);
         die_with_parent(&mut command);
-        self.ports.get_mut().expect("ports").release((id - 1) as u16);
+        self.ports.release((id - 1) as u16);
         let child = command.spawn().expect("start keyhome run");
         self.children[(id - 1) as usize] = Some(child);
         self.forget_client(id);
@@ -680,7 +671,7 @@ fn locate_or_build(bugs: bool) -> PathBuf {
 /// can take one between the choice and the process that binds it.
 pub struct PortBlock {
     base: u16,
-    held: Vec<Option<(UdpSocket, TcpListener)>>,
+    held: Mutex<Vec<Option<(UdpSocket, TcpListener)>>>,
 }
 
 impl PortBlock {
@@ -702,7 +693,7 @@ impl PortBlock {
                 })
                 .collect();
             if let Some(held) = held {
-                return PortBlock { base, held };
+                return PortBlock { base, held: Mutex::new(held) };
             }
         }
         panic!("no {n} consecutive free UDP and TCP ports in {lo}..{hi}");
@@ -714,14 +705,23 @@ impl PortBlock {
     }
 
     /// Frees port `base + i` for the process about to bind it (a no-op if it is free already).
-    pub fn release(&mut self, i: u16) {
-        self.held[usize::from(i)] = None;
+    pub fn release(&self, i: u16) {
+        self.held()[usize::from(i)] = None;
+    }
+
+    /// Frees every port of the block.
+    pub fn release_all(&self) {
+        self.held().fill_with(|| None);
     }
 
     /// Hands over the UDP socket bound to port `base + i` (frees its TCP port), for a relay
     /// in this process; `None` if it was released or taken already.
-    pub fn take_udp(&mut self, i: u16) -> Option<UdpSocket> {
-        self.held[usize::from(i)].take().map(|(udp, _)| udp)
+    pub fn take_udp(&self, i: u16) -> Option<UdpSocket> {
+        self.held()[usize::from(i)].take().map(|(udp, _)| udp)
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, Vec<Option<(UdpSocket, TcpListener)>>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -51,7 +51,7 @@ async fn a_cluster_named_by_dns_names_locks_and_adds_a_member_by_name() {
     second.unlock(None).await.unwrap();
 
     // Node 4 at a name: its certificate and node.toml from `certs issue`, proposed by name.
-    let mut ports = harness::PortBlock::reserve(1);
+    let ports = harness::PortBlock::reserve(1);
     let port = ports.base();
     let addr = format!("localhost:{port}");
     let out = cluster.cli(&["certs", "issue", "--dir", ".", "--node", "4", "--addr", &addr]);

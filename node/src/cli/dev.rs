@@ -68,7 +68,7 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
             .map(|i| setup::identity_dir(&args.dir, &Role::Node(NodeId(i))).join("node.toml"))
             .collect()
     };
-    check_ports_free(&configs, fresh)?;
+    let listens = check_ports_free(&configs, fresh)?;
     let mut nodes = Nodes::start(configs)?;
     // Absolute, so that the hints below work from any directory.
     let absolute = std::path::absolute(&args.dir)?;
@@ -83,14 +83,10 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
         nodes.stop().await;
         return Err(e);
     }
-    // The ports the nodes listen on: an existing cluster keeps its own, whatever --port says.
-    let listen = |config: Option<&PathBuf>| config.and_then(|c| NodeConfig::load(c).ok()).map(|c| c.listen);
-    let ports = match (listen(nodes.configs.first()), listen(nodes.configs.last())) {
-        (Some(first), Some(last)) => format!("{first}..{}", last.port()),
-        _ => format!("127.0.0.1:{}..{}", args.port, u64::from(args.port) + count - 1),
-    };
+    let ports = listens.first().zip(listens.last()).map(|(first, last)| format!("{first}..{}", last.port()));
     println!(
-        "keyhome dev: {count} nodes on {ports} ({}; logs in {dir}/node-*/node.log)",
+        "keyhome dev: {count} nodes on {} ({}; logs in {dir}/node-*/node.log)",
+        ports.unwrap_or_default(),
         if fresh { "new cluster" } else { "existing cluster" },
     );
     println!("try, in another shell (from any directory):");
@@ -238,7 +234,13 @@ impl Nodes {
 
 /// Refuses to start when a node's UDP port is taken (another `keyhome dev` or `keyhome run`,
 /// say), naming the port, rather than leaving the node to fail into its log.
-fn check_ports_free(configs: &[PathBuf], fresh: bool) -> Result<(), Box<dyn std::error::Error>> {
+/// Checks that each node's UDP port is free; returns the addresses the nodes listen on, in order
+/// (an existing cluster's own, whatever --port says).
+fn check_ports_free(
+    configs: &[PathBuf],
+    fresh: bool,
+) -> Result<Vec<std::net::SocketAddr>, Box<dyn std::error::Error>> {
+    let mut addrs = Vec::with_capacity(configs.len());
     for (i, path) in configs.iter().enumerate() {
         let listen = NodeConfig::load(path)?.listen;
         if let Err(e) = std::net::UdpSocket::bind(listen) {
@@ -254,8 +256,9 @@ fn check_ports_free(configs: &[PathBuf], fresh: bool) -> Result<(), Box<dyn std:
             )
             .into());
         }
+        addrs.push(listen);
     }
-    Ok(())
+    Ok(addrs)
 }
 
 /// How to reach node 1's HTTP API, if it serves one: a curl line that locks a key, and the

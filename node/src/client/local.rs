@@ -114,21 +114,20 @@ impl LocalConn {
 
     /// Subscribes to the connection's events.
     pub(super) async fn subscribe(&self) -> Result<mpsc::Receiver<ClientEvent>, ClientError> {
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         // Set before the node starts sending: no event can arrive unseen. A connection has one
         // event stream for its life: a second `Subscribe` is the node's to refuse, and must not
         // take the first stream's events.
-        let first = {
+        let rx = {
             let mut state = lock(&self.state);
-            let first = state.events.is_none();
-            if first {
+            state.events.is_none().then(|| {
+                let (tx, rx) = mpsc::channel(EVENT_QUEUE);
                 state.events = Some(tx);
-            }
-            first
+                rx
+            })
         };
-        match self.call(Request::Subscribe).await? {
-            Response::Subscribed if first => Ok(rx),
-            Response::Error(e) => Err(ClientError::Api(e)),
+        match (self.call(Request::Subscribe).await?, rx) {
+            (Response::Subscribed, Some(rx)) => Ok(rx),
+            (Response::Error(e), _) => Err(ClientError::Api(e)),
             _ => Err(ClientError::Unexpected),
         }
     }
