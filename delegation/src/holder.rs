@@ -46,7 +46,9 @@
 //!
 //! Each key has one scheduled wake-up in a heap; actions only push a new one when they make the
 //! key's next deadline earlier. After [`Holder::handle_timeout`]`(now)` every remaining wake-up is
-//! strictly after `now`, so a driver that sleeps until [`Holder::poll_timeout`] never spins.
+//! strictly after `now` ([`Holder::poll_timer`]), so a driver that sleeps until
+//! [`Holder::poll_timeout`] never spins; only an epoch walk in progress stays due, and each call
+//! takes one bounded step of it ([`crate::walk`]).
 //! [`Holder::try_lock`] and [`Holder::unlock`] take no [`Authority`], so when they need a request
 //! sent they schedule a wake-up at their own `now`: a driver calls `handle_timeout` as soon as
 //! `poll_timeout` is not in the future.
@@ -63,6 +65,7 @@ use crate::check::{self, CheckAnswer};
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Message, Refusal, RequestId};
 use crate::token::FencingToken;
+use crate::walk::{DEFAULT_WALK_STEP, Walk};
 
 /// How many expired handles are remembered, so that their next use says why they were lost.
 const TOMBSTONES: usize = 4096;
@@ -102,6 +105,9 @@ pub struct HolderConfig {
     /// How long a request started by a failed [`Holder::try_lock`] asks the home to wait.
     /// Default 2 s.
     pub prefetch_wait: Duration,
+    /// Slots one step of an epoch change's walk looks at (see [`crate::walk`]); zero counts as
+    /// one. [`DEFAULT_WALK_STEP`] by default.
+    pub walk_step: u32,
     /// Safety rules switched off, for tests that show the simulation notices. All off by default.
     #[cfg(feature = "bug-injection")]
     pub bugs: crate::bugs::Bugs,
@@ -120,6 +126,7 @@ impl HolderConfig {
             retry: Duration::from_millis(50),
             resend: Duration::from_secs(1),
             prefetch_wait: Duration::from_secs(2),
+            walk_step: DEFAULT_WALK_STEP,
             #[cfg(feature = "bug-injection")]
             bugs: crate::bugs::Bugs::default(),
         }
@@ -268,6 +275,8 @@ pub struct Holder {
     due: Vec<u32>,
     /// Set by [`Holder::shutdown`]: nothing is admitted or asked for any more.
     closed: bool,
+    /// The walk of the last epoch change, until it has passed every slot.
+    walk: Option<Walk>,
     io: Io,
 }
 
@@ -414,6 +423,7 @@ impl Holder {
             timers: BinaryHeap::new(),
             due: Vec::new(),
             closed: false,
+            walk: None,
             io: Io {
                 epoch: 0,
                 next_serial: 0,
@@ -665,18 +675,30 @@ impl Holder {
     }
 
     /// The epoch changed (`auth` names the new one): every outstanding request whose key moved to
-    /// another home is sent to that home at once.
+    /// another home is sent to that home at once. For the first [`HolderConfig::walk_step`]
+    /// slots at once, the others a step per [`Holder::handle_timeout`] (see [`crate::walk`]).
+    /// Until the walk reaches a key, nothing is lost but time: any other call that processes the
+    /// key re-asks its new home too.
     pub fn on_epoch_change<A: Authority + ?Sized>(&mut self, now: Instant, auth: &A) {
         self.io.epoch = auth.epoch();
-        let moved: Vec<u32> = (self.slots.iter().enumerate())
-            .filter_map(|(slot, e)| {
-                let r = e.as_ref()?.request.as_ref()?;
-                let key = &e.as_ref()?.key;
-                auth.home_of(key).is_some_and(|home| home != r.to).then_some(slot as u32)
-            })
-            .collect();
-        for slot in moved {
-            self.process(now, slot, auth);
+        self.walk = Some(Walk::new(now));
+        self.walk_step(now, auth);
+    }
+
+    /// One step of the epoch walk in progress, if any.
+    fn walk_step<A: Authority + ?Sized>(&mut self, now: Instant, auth: &A) {
+        let Some(walk) = self.walk.as_mut() else { return };
+        let slots = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+        for slot in walk.step(self.config.walk_step, slots) {
+            let moved = self.slots[slot as usize].as_ref().is_some_and(|e| {
+                e.request.as_ref().is_some_and(|r| auth.home_of(&e.key).is_some_and(|home| home != r.to))
+            });
+            if moved {
+                self.process(now, slot, auth);
+            }
+        }
+        if self.walk.is_some_and(|w| w.is_over(slots)) {
+            self.walk = None;
         }
     }
 
@@ -704,12 +726,29 @@ impl Holder {
         }
         due.clear();
         self.due = due;
+        self.walk_step(now, auth);
     }
 
     /// The earliest instant at which [`Holder::handle_timeout`] must be called; `None` when
-    /// nothing is scheduled. After `handle_timeout(now)` it is always later than `now`.
+    /// nothing is scheduled. While an epoch walk is in progress, no later than the instant it
+    /// started (it is due until it is over; each call takes one step).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let timer = self.poll_timer();
+        match self.walk {
+            Some(walk) => Some(timer.map_or(walk.since(), |t| t.min(walk.since()))),
+            None => timer,
+        }
+    }
+
+    /// The next wake-up, leaving the epoch walk out; after `handle_timeout(now)` it is always
+    /// later than `now`.
+    pub fn poll_timer(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Whether an epoch walk is in progress (see [`crate::walk`]).
+    pub fn walking(&self) -> bool {
+        self.walk.is_some()
     }
 
     /// The next message to send, with its destination. Messages carry the epoch of the latest

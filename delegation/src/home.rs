@@ -86,6 +86,13 @@
 //! to this home, keep their live delegations tracked but drop notes (the next grant is
 //! `recovered`), hand nothing over, and need [`Authority::home_active`] before the next grant.
 //!
+//! An epoch change is applied key by key, a bounded step of slots at a time ([`crate::walk`]),
+//! and to any key a message names before the message is looked at, so no call looks at a key the
+//! change has not reached. Each entry records how many epoch changes it has seen; a key the walk
+//! of `e − 1` had not reached when `e` came missed `e − 1` as far as its record goes, and is
+//! treated as above (its handover under `e − 1` was never sent, so `e − 1`'s home waited for
+//! [`Authority::home_active`] and granted only behind it).
+//!
 //! # Decisions
 //!
 //! - **Recall period:** a Recall goes to the holder when the first requester queues (and right
@@ -155,6 +162,7 @@ use crate::check::CheckAnswer;
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 use crate::token::FencingToken;
+use crate::walk::{DEFAULT_WALK_STEP, Walk};
 
 /// "No wake-up armed" in [`Entry::wake`].
 const NEVER: Instant = Instant::from_nanos(u64::MAX);
@@ -182,6 +190,9 @@ pub struct HomeConfig {
     pub max_records: usize,
     /// Most note bytes kept in released records at once. 64 MiB by default.
     pub max_record_bytes: usize,
+    /// Slots one step of an epoch change's walk looks at (see [`crate::walk`]); zero counts as
+    /// one. [`DEFAULT_WALK_STEP`] by default.
+    pub walk_step: u32,
     /// Safety rules switched off, for tests that show the simulation notices. All off by default.
     #[cfg(feature = "bug-injection")]
     pub bugs: crate::bugs::Bugs,
@@ -198,6 +209,7 @@ impl HomeConfig {
             record_retention: Duration::from_secs(300),
             max_records: 1_000_000,
             max_record_bytes: 64 << 20,
+            walk_step: DEFAULT_WALK_STEP,
             #[cfg(feature = "bug-injection")]
             bugs: crate::bugs::Bugs::default(),
         }
@@ -298,7 +310,12 @@ impl Keys {
         chunks.get(n / CHUNK)?.get(n % CHUNK)?.as_ref()
     }
 
-    fn slot_mut(&mut self, n: u32) -> &mut Option<Slot> {
+    fn slot_mut(&mut self, n: u32) -> Option<&mut Slot> {
+        let n = n as usize;
+        self.chunks.get_mut(n / CHUNK)?.get_mut(n % CHUNK)?.as_mut()
+    }
+
+    fn place_mut(&mut self, n: u32) -> &mut Option<Slot> {
         let n = n as usize;
         &mut self.chunks[n / CHUNK][n % CHUNK]
     }
@@ -369,7 +386,7 @@ impl Keys {
     /// Puts a taken or created key back with its state.
     fn restore(&mut self, key: KeyRef, entry: Entry) {
         let KeyRef { slot, hash, indexed, key } = key;
-        *self.slot_mut(slot) = Some(Slot { key, entry });
+        *self.place_mut(slot) = Some(Slot { key, entry });
         if !indexed {
             let (chunks, hasher) = (&self.chunks, &self.hasher);
             self.index.insert_unique(hash, slot, |&n| {
@@ -482,6 +499,8 @@ struct Entry {
     /// The earliest instant the timer heap holds for this key; [`NEVER`] if none.
     wake: Instant,
     role: Role,
+    /// The [`Home::generation`] this entry was last brought up to (see [`Home::catch_up`]).
+    seen: u32,
 }
 
 /// A moved key's handover in progress.
@@ -521,6 +540,16 @@ pub struct Home {
     started: Instant,
     /// The epoch the home last saw; `None` before the first call with an [`Authority`].
     epoch: Option<u64>,
+    /// Epoch changes this home has seen, modulo 2^32: what [`Entry::seen`] counts in.
+    generation: u32,
+    /// Whether the last epoch change went straight from an epoch to the next one.
+    consecutive: bool,
+    /// Every entry was brought up to this generation or a later one: the generation of the last
+    /// walk that finished. Never 2^31 or more behind `generation` (see [`Home::on_epoch_change`]),
+    /// so `seen` compares soundly modulo 2^32.
+    floor: u32,
+    /// The walk of the last epoch change, until it has passed every slot.
+    walk: Option<Walk>,
     /// Last grant counter handed out in this run.
     counter: u64,
     keys: Keys,
@@ -560,6 +589,10 @@ impl Home {
             config,
             started: now,
             epoch: None,
+            generation: 0,
+            consecutive: false,
+            floor: 0,
+            walk: None,
             counter: 0,
             keys: Keys::new(),
             moving: HashMap::new(),
@@ -582,6 +615,15 @@ impl Home {
     pub fn handle_message(&mut self, now: Instant, from: NodeId, message: Message, auth: &impl Authority) {
         self.on_epoch_change(now, auth);
         let Message { epoch, body } = message;
+        if self.walk.is_some()
+            && let Body::Request { key, .. }
+            | Body::Release { key, .. }
+            | Body::Check { key, .. }
+            | Body::Handover { key, .. }
+            | Body::HandoverAck { key } = &body
+        {
+            self.catch_up_key(now, key, auth);
+        }
         match body {
             Body::Request { key, id, lease, wait, held } => {
                 self.on_request(now, from, epoch, key, id, lease, wait, held, auth)
@@ -603,8 +645,9 @@ impl Home {
     }
 
     /// Handles every wake-up due at `now`: expiries, lock-delay ends, waits that ran out, Recall
-    /// and Handover resends, released records that aged out. Harmless to call early or often.
-    /// Afterwards [`Home::poll_timeout`] is later than `now`.
+    /// and Handover resends, released records that aged out; then one step of the epoch walk in
+    /// progress, if any. Harmless to call early or often. Afterwards [`Home::poll_timer`] is
+    /// later than `now`.
     pub fn handle_timeout(&mut self, now: Instant, auth: &impl Authority) {
         self.on_epoch_change(now, auth);
         while let Some(Reverse((at, _))) = self.timers.peek()
@@ -612,18 +655,36 @@ impl Home {
         {
             let Some(Reverse((_, slot))) = self.timers.pop() else { break };
             let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
+            self.catch_up(now, &key, &mut e, auth);
             if e.wake <= now {
                 e.wake = NEVER;
             }
             self.service(now, &key, &mut e, auth);
             self.finish(now, key, e);
         }
+        self.walk_step(now, auth);
     }
 
-    /// The earliest instant at which [`Home::handle_timeout`] must be called, if any. After
-    /// `handle_timeout(t)` it is never `t` or earlier (no timer spin).
+    /// The earliest instant at which [`Home::handle_timeout`] must be called, if any: the next
+    /// wake-up, or while an epoch walk is in progress the instant it started (it is due until it
+    /// is over; each call takes one step).
     pub fn poll_timeout(&self) -> Option<Instant> {
+        let timer = self.poll_timer();
+        match self.walk {
+            Some(walk) => Some(timer.map_or(walk.since(), |t| t.min(walk.since()))),
+            None => timer,
+        }
+    }
+
+    /// The next wake-up, leaving the epoch walk out. After `handle_timeout(t)` it is never `t`
+    /// or earlier (no timer spin).
+    pub fn poll_timer(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _))| *at)
+    }
+
+    /// Whether an epoch walk is in progress (see [`crate::walk`]).
+    pub fn walking(&self) -> bool {
+        self.walk.is_some()
     }
 
     /// The next message to send, with its destination. Every message carries the epoch the home
@@ -642,45 +703,119 @@ impl Home {
     /// - After a skipped epoch, or for keys that come back, records are no longer authoritative
     ///   (see the module documentation).
     ///
-    /// Cost: one [`Authority::home_of`] per key with state.
+    /// It does this for the first [`HomeConfig::walk_step`] slots and starts a walk for the rest
+    /// (see [`crate::walk`]): each [`Home::handle_timeout`] takes one more step, and every key a
+    /// message names is brought up to date before the message is looked at. A key the walk of `e`
+    /// had not reached when `e + 1` came counts as having missed an epoch.
     pub fn on_epoch_change(&mut self, now: Instant, auth: &impl Authority) {
         let new = auth.epoch();
         let Some(old) = self.epoch.replace(new) else { return };
         if old == new {
             return;
         }
-        let consecutive = new.checked_sub(1) == Some(old);
-        // In slot order, so the messages leave in an order that depends only on the inputs.
-        for slot in 0..self.keys.slots() {
-            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
-            let home = auth.home_of(&key);
-            let authoritative = consecutive && matches!(e.role, Role::Home | Role::Adopted);
-            if home == Some(self.config.id) {
-                if !authoritative {
-                    self.moving.remove(&key.slot);
-                    e.role = Role::Stale;
-                    forget_record(&mut e);
-                }
-            } else {
-                self.refuse_waiters(&key, &mut e, Refusal::NotHome);
-                match home {
-                    Some(to) if authoritative => {
-                        e.role = Role::Moved;
-                        let moving = Moving { to, epoch: new, next_send: now, sends: 0 };
-                        self.moving.insert(key.slot, moving);
-                    }
-                    _ => {
-                        self.moving.remove(&key.slot);
-                        e.role = Role::Tracking;
-                        forget_record(&mut e);
-                        if let Phase::Delay { last, .. } = e.phase {
-                            e.phase = Phase::Free { note: None, recovered: true, until: now, last };
-                        }
-                    }
-                }
+        self.generation = self.generation.wrapping_add(1);
+        self.consecutive = new.checked_sub(1) == Some(old);
+        self.walk = Some(Walk::new(now));
+        self.walk_step(now, auth);
+        if self.generation.wrapping_sub(self.floor) >= 1 << 31 {
+            // Two billion epoch changes, each arriving before the walk of the one before was
+            // over: finish this walk at once, so that `seen` stays comparable.
+            while self.walk.is_some() {
+                self.walk_step(now, auth);
             }
+        }
+    }
+
+    /// One step of the epoch walk in progress, if any: brings up to date the keys of the next
+    /// [`HomeConfig::walk_step`] slots, in slot order (so the messages leave in an order that
+    /// depends only on the inputs).
+    fn walk_step(&mut self, now: Instant, auth: &impl Authority) {
+        let Some(walk) = self.walk.as_mut() else { return };
+        let generation = self.generation;
+        for slot in walk.step(self.config.walk_step, self.keys.slots()) {
+            let keeps = match Keys::slot(&self.keys.chunks, slot) {
+                None => continue,
+                Some(s) if s.entry.seen == generation => continue,
+                Some(s) => self.keeps_everything(&s.key, &s.entry, auth),
+            };
+            if keeps {
+                if let Some(s) = self.keys.slot_mut(slot) {
+                    s.entry.seen = generation;
+                }
+                continue;
+            }
+            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
+            self.catch_up(now, &key, &mut e, auth);
             self.service(now, &key, &mut e, auth);
             self.finish(now, key, e);
+        }
+        if self.walk.is_some_and(|w| w.is_over(self.keys.slots())) {
+            self.walk = None;
+            self.floor = generation;
+        }
+    }
+
+    /// Whether the epoch change leaves `e` as it is: it saw the epoch straight before this one,
+    /// its record is authoritative, and the key is still homed here.
+    fn keeps_everything(&self, key: &[u8], e: &Entry, auth: &impl Authority) -> bool {
+        self.consecutive
+            && e.seen == self.generation.wrapping_sub(1)
+            && matches!(e.role, Role::Home | Role::Adopted)
+            && auth.home_of(key) == Some(self.config.id)
+    }
+
+    /// Brings the key a message names up to date, if the epoch walk has not yet.
+    fn catch_up_key(&mut self, now: Instant, key: &[u8], auth: &impl Authority) {
+        if key.len() > self.config.limits.max_key_len {
+            return;
+        }
+        let found = self.keys.find(key);
+        let Some(slot) = found.slot else { return };
+        if self.keys.entry(slot).is_none_or(|e| e.seen == self.generation) {
+            return;
+        }
+        let Some((k, mut e)) = self.take_found(found) else { return };
+        self.catch_up(now, &k, &mut e, auth);
+        self.service(now, &k, &mut e, auth);
+        self.finish(now, k, e);
+    }
+
+    /// Applies the epoch changes `e` (taken out) has not seen (see [`Home::on_epoch_change`]).
+    /// Its record stays authoritative only if it saw the epoch straight before the current one:
+    /// an entry the last walk did not reach before this change came saw an earlier one, and
+    /// misses whatever another home did in between.
+    fn catch_up(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, auth: &impl Authority) {
+        if e.seen == self.generation {
+            return;
+        }
+        let authoritative = self.consecutive
+            && e.seen == self.generation.wrapping_sub(1)
+            && matches!(e.role, Role::Home | Role::Adopted);
+        e.seen = self.generation;
+        let home = auth.home_of(key);
+        if home == Some(self.config.id) {
+            if !authoritative {
+                self.moving.remove(&key.slot);
+                e.role = Role::Stale;
+                forget_record(e);
+            }
+            return;
+        }
+        self.refuse_waiters(key, e, Refusal::NotHome);
+        match home {
+            Some(to) if authoritative => {
+                e.role = Role::Moved;
+                let moving = Moving { to, epoch: auth.epoch(), next_send: now, sends: 0 };
+                self.moving.insert(key.slot, moving);
+            }
+            _ => {
+                self.moving.remove(&key.slot);
+                e.role = Role::Tracking;
+                forget_record(e);
+                if let Phase::Delay { last, .. } = e.phase {
+                    e.phase = Phase::Free { note: None, recovered: true, until: now, last };
+                }
+            }
         }
     }
 
@@ -846,6 +981,7 @@ impl Home {
                 queue: None,
                 wake: NEVER,
                 role: Role::Home,
+                seen: self.generation,
             };
             self.grant(now, &k, &mut e, from, id, lease, auth);
             self.service(now, &k, &mut e, auth);
@@ -1079,6 +1215,7 @@ impl Home {
                 queue: None,
                 wake: NEVER,
                 role: Role::Adopted,
+                seen: self.generation,
             };
             match live {
                 Some(h) => {

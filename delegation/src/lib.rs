@@ -8,6 +8,7 @@
 //! - [`guard`]: the [`TokenGuard`] a downstream resource embeds.
 //! - [`home`]: the [`Home`], a key's home side: grants, queues, recalls, expiries, handovers.
 //! - [`holder`]: the holder side of delegations and the local lock table ([`Holder`]).
+//! - [`walk`]: how both take an epoch change a bounded step at a time.
 
 pub mod authority;
 pub mod bugs;
@@ -18,6 +19,7 @@ pub mod home;
 pub mod limits;
 pub mod message;
 pub mod token;
+pub mod walk;
 
 pub use authority::Authority;
 pub use bugs::Bugs;
@@ -31,3 +33,4 @@ pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
 pub use limits::Limits;
 pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 pub use token::{FencingToken, TokenParseError};
+pub use walk::DEFAULT_WALK_STEP;

@@ -1213,6 +1213,122 @@ fn after_a_skipped_epoch_nothing_is_handed_over_and_notes_are_dropped() {
     assert_eq!(home.tracked_keys(), 1);
 }
 
+// ---- rule 7b: an epoch change is walked a step at a time ----
+
+/// A home that looks at `step` slots per step of an epoch walk.
+fn walking_home(me: NodeId, step: u32) -> Home {
+    let mut config = HomeConfig::new(me);
+    config.walk_step = step;
+    Home::new(config, Instant::ZERO)
+}
+
+/// The keys of the Handovers among `out`, all of which must go to `to`.
+fn handed_keys(out: &[(NodeId, Body)], to: NodeId) -> Vec<Vec<u8>> {
+    (out.iter())
+        .filter_map(|(dest, body)| match body {
+            Body::Handover { key, .. } => {
+                assert_eq!(*dest, to, "{body:?}");
+                Some(key.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_epoch_change_is_walked_a_step_at_a_time_and_stays_due_until_done() {
+    let mut home = walking_home(H, 2);
+    let mut auth = Script::new(H);
+    let keys: Vec<Vec<u8>> = (0..5).map(|i| format!("k{i}").into_bytes()).collect();
+    for (i, key) in keys.iter().enumerate() {
+        grant(&mut home, &auth, at(0), A, key, i as u64 + 1);
+    }
+    auth.epoch = 2;
+    auth.home = Some(N);
+    home.on_epoch_change(at(100), &auth);
+    let mut handed = handed_keys(&drain(&mut home), N);
+    assert_eq!(handed, keys[..2], "the first step at once, in slot order");
+    for (calls, upto) in [(1, 4), (2, 5)] {
+        assert!(home.walking());
+        assert_eq!(home.poll_timeout(), Some(at(100)), "due from the change on");
+        assert!(home.poll_timer().is_some_and(|t| t > at(100 + calls - 1)), "no timer is due");
+        home.handle_timeout(at(100 + calls), &auth);
+        handed.extend(handed_keys(&drain(&mut home), N));
+        assert_eq!(handed, keys[..upto], "one more step per call");
+    }
+    assert!(!home.walking());
+    assert!(home.poll_timeout().is_some_and(|t| t > at(102)), "done: nothing due");
+}
+
+#[test]
+fn a_key_a_message_names_is_brought_up_to_date_before_the_walk_reaches_it() {
+    let mut home = walking_home(H, 1);
+    let mut auth = Script::new(H);
+    for (i, key) in [&b"k0"[..], b"k1", b"k2"].into_iter().enumerate() {
+        grant(&mut home, &auth, at(0), A, key, i as u64 + 1);
+    }
+    home.handle_message(at(1), B, req(b"k2", 7, ms(900)), &auth);
+    drain(&mut home);
+    auth.epoch = 2;
+    auth.home = Some(N);
+    home.on_epoch_change(at(100), &auth);
+    assert_eq!(handed_keys(&drain(&mut home), N), [b"k0".to_vec()]);
+    assert_eq!(home.handing_over(b"k2"), None, "not reached yet");
+    // A release of the last key: the key is moved first (its waiter refused, its handover sent),
+    // then the release counts, and the walk later passes it without a second handover.
+    let g2 = Grantee { epoch: 1, incarnation: 1, counter: 3 };
+    home.handle_message(at(101), A, release(1, b"k2", g2, Some(b"n")), &auth);
+    let out = drain(&mut home);
+    assert!(out.contains(&(B, Body::Refuse { key: b"k2".to_vec(), id: rid(7), reason: Refusal::NotHome })));
+    assert_eq!(handed_keys(&out, N), [b"k2".to_vec()]);
+    assert_eq!((home.handing_over(b"k2"), home.delegation(b"k2")), (Some(N), None));
+    home.handle_timeout(at(102), &auth);
+    home.handle_timeout(at(103), &auth);
+    assert_eq!(handed_keys(&drain(&mut home), N), [b"k1".to_vec()]);
+    assert!(!home.walking());
+}
+
+/// Epoch 2: `N` adopted `a`, `b` and `k` from `H` and their holder released them. Epoch 3 keeps
+/// every home, but its walk (a slot per step) has reached only `a` when epoch 4 comes. So `k`
+/// (and `b`) missed epoch 3 as far as their records go: someone else may have granted them then.
+/// Under epoch 4, inside its activation wait, `a` is granted on the lease (adopted, up to date),
+/// but `k` is refused until `home_active`.
+#[test]
+fn a_key_the_walk_had_not_reached_when_the_next_epoch_came_is_not_trusted() {
+    let mut new = walking_home(N, 1);
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false;
+    auth.previous = Some(H);
+    for (i, key) in [&b"a"[..], b"b", b"k"].into_iter().enumerate() {
+        let g = Grantee { epoch: 1, incarnation: 3, counter: i as u64 + 1 };
+        let body = Body::Handover {
+            key: key.to_vec(),
+            live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) }),
+            note: None,
+            recovered: false,
+            lock_delay: Duration::ZERO,
+        };
+        new.handle_message(at(10), H, Message { epoch: 2, body }, &auth);
+        new.handle_message(at(20), A, release(2, key, g, None), &auth);
+        assert!(new.is_adopted(key));
+    }
+    drain(&mut new);
+    auth.epoch = 3;
+    new.on_epoch_change(at(30), &auth);
+    auth.epoch = 4;
+    new.on_epoch_change(at(40), &auth);
+    new.handle_message(at(41), B, request(4, b"a", 1, ms(500), ms(0), None), &auth);
+    let (id, grantee, _, _, _) = the_grant(&mut new, B);
+    assert_eq!((id, grantee.epoch), (1, 4), "up to date and adopted: granted on the lease");
+    new.handle_message(at(42), B, request(4, b"k", 2, ms(500), ms(0), None), &auth);
+    assert_eq!(the_refusal(&mut new, B), (2, Refusal::Activating), "missed an epoch: waits");
+    assert!(!new.is_adopted(b"k"));
+    auth.active = true;
+    new.handle_message(at(43), B, request(4, b"k", 3, ms(500), ms(0), None), &auth);
+    assert!(the_grant(&mut new, B).4, "granted behind home_active, recovered");
+}
+
 // ---- rule 8: grantees strictly increase ----
 
 #[test]

@@ -19,7 +19,12 @@
 //! Delegation messages this node sends to itself (its holder asking its own home) are handled at
 //! once, in order, inside the call that produced them. Every input ends by settling: every due
 //! timer runs and every local message is delivered, so after any call [`Core::poll_timeout`] is
-//! later than its `now` unless the caller passed a later instant.
+//! later than its `now` unless the caller passed a later instant — or an epoch walk is in
+//! progress. The home and the holder apply an epoch change a bounded step of keys at a time
+//! (`keyhome_delegation::walk`), so that no call holds the core for long with a million keys:
+//! while they walk, [`Core::poll_timeout`] stays at the instant the epoch was learned, and each
+//! [`Core::handle_timeout`] takes one step. Other inputs take none (they bring up to date only
+//! the key they are about).
 //!
 //! # Owners
 //!
@@ -255,22 +260,28 @@ impl Core {
         self.settle(now);
     }
 
-    /// Timers: call at or after [`Core::poll_timeout`]; harmless earlier.
+    /// Timers, and one step of an epoch walk in progress: call at or after
+    /// [`Core::poll_timeout`]; harmless earlier.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.home.walking() {
+            self.home.handle_timeout(now, &self.epoch);
+        }
+        if self.holder.walking() {
+            self.holder.handle_timeout(now, &self.epoch);
+        }
         self.settle(now);
     }
 
-    /// The earliest instant something is due, local deliveries included.
+    /// The earliest instant something is due, an epoch walk in progress included.
     pub fn poll_timeout(&self) -> Option<Instant> {
+        earliest(self.poll_timer(), earliest(self.home.poll_timeout(), self.holder.poll_timeout()))
+    }
+
+    /// The earliest timer, leaving epoch walks out: what [`Core::settle`] runs down.
+    fn poll_timer(&self) -> Option<Instant> {
         // Straight-line rather than an iterator over the four: the runtime asks after every call.
-        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-        let cores = earliest(
-            self.epoch.poll_timeout(),
-            earliest(self.home.poll_timeout(), self.holder.poll_timeout()),
-        );
+        let cores =
+            earliest(self.epoch.poll_timeout(), earliest(self.home.poll_timer(), self.holder.poll_timer()));
         earliest(cores, self.check_deadlines.peek().map(|Reverse((at, _))| *at))
     }
 
@@ -466,6 +477,12 @@ impl Core {
     pub fn shutdown(&mut self, now: Instant) {
         self.holder.shutdown(now);
         self.settle(now);
+    }
+
+    /// Whether the home or the holder is still walking through an epoch change (see the module
+    /// docs); [`Core::poll_timeout`] is due meanwhile.
+    pub fn walking(&self) -> bool {
+        self.home.walking() || self.holder.walking()
     }
 
     /// Whether any handle is live on this node (a shutdown waits until none is).
@@ -695,23 +712,24 @@ impl Core {
     /// there is nothing to drain.
     fn settle_if_due(&mut self, now: Instant) {
         debug_assert!(self.local.is_empty(), "a local message outlived the call that queued it");
-        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
+        if self.holder.poll_timer().is_some_and(|t| t <= now) {
             self.settle(now);
         } else if self.holder.has_output() {
             self.drain(now);
         }
     }
 
-    /// Runs every due timer and drains every output and local message, until nothing is due.
+    /// Runs every due timer and drains every output and local message, until no timer is due
+    /// (an epoch walk in progress is left to [`Core::handle_timeout`]).
     fn settle(&mut self, now: Instant) {
         for _ in 0..MAX_TIMER_ROUNDS {
             if self.epoch.poll_timeout().is_some_and(|t| t <= now) {
                 self.epoch.handle_timeout(now);
             }
-            if self.home.poll_timeout().is_some_and(|t| t <= now) {
+            if self.home.poll_timer().is_some_and(|t| t <= now) {
                 self.home.handle_timeout(now, &self.epoch);
             }
-            if self.holder.poll_timeout().is_some_and(|t| t <= now) {
+            if self.holder.poll_timer().is_some_and(|t| t <= now) {
                 self.holder.handle_timeout(now, &self.epoch);
             }
             while let Some(&Reverse((at, id))) = self.check_deadlines.peek()
@@ -723,7 +741,7 @@ impl Core {
                 }
             }
             self.drain(now);
-            if self.poll_timeout().is_none_or(|t| t > now) {
+            if self.poll_timer().is_none_or(|t| t > now) {
                 return;
             }
         }
@@ -827,5 +845,14 @@ impl Core {
                 }
             }
         }
+    }
+}
+
+/// The earlier of two optional instants.
+#[inline]
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }

@@ -22,7 +22,7 @@ pub mod world;
 
 pub use check::{LockKind, LockStats, LockViolation};
 pub use handover::{Class, ClassStats, HandoverStats};
-pub use scenario::LockScenario;
+pub use scenario::{LockScenario, WalkParams};
 pub use world::LockWorld;
 
 /// Choices the caller may fix instead of the seed.

@@ -40,6 +40,22 @@ pub struct HolderParams {
     pub resend: Duration,
 }
 
+/// How the driver paces the epoch walks of every node in a run (see
+/// `keyhome_delegation::walk`).
+#[derive(Clone, Copy, Debug)]
+pub struct WalkParams {
+    /// Slots per step, for the home and the holder alike.
+    pub step: u32,
+    /// How long after a timer call the driver takes the next step at the earliest, as a busy
+    /// runtime would: other inputs run in between, and an epoch may come before the walk is over.
+    pub lag: Real,
+}
+
+impl WalkParams {
+    /// What a node does: steps as the node takes them, back to back.
+    pub const SHIPPED: WalkParams = WalkParams { step: keyhome_delegation::DEFAULT_WALK_STEP, lag: 0 };
+}
+
 /// Everything one seeded lock run does.
 #[derive(Clone, Debug)]
 pub struct LockScenario {
@@ -55,6 +71,7 @@ pub struct LockScenario {
     /// Share of lock calls that pick from the hot set.
     pub hot_share: f64,
     pub holder: HolderParams,
+    pub walk: WalkParams,
     /// Share of recalled clients that hurry (stop writing and unlock at their next step); the
     /// others hold on to the deadline they were told, as unresponsive clients would.
     pub responsive: f64,
@@ -141,6 +158,15 @@ impl LockScenario {
             timings,
         };
         let responsive = rng.range(0, 1000) as f64 / 1000.0;
+        // From a generator of its own, so the rest of the scenario is drawn as before. Half the
+        // runs walk a slot or two per step, slowly, so that keys are met before the walk reaches
+        // them and epochs come while a walk is in progress.
+        let mut pace = Rng::new(seed ^ 0x3a1c_5eed);
+        let walk = if pace.chance(0.5) {
+            WalkParams { step: pace.range(1, 2) as u32, lag: pace.range(0, ms(5)) }
+        } else {
+            WalkParams::SHIPPED
+        };
         LockScenario {
             base,
             bugs: options.bugs,
@@ -155,6 +181,7 @@ impl LockScenario {
                 retry: Duration::from_millis(5),
                 resend: Duration::from_millis(20),
             },
+            walk,
             write_delay: (50_000, ms(1)),
             heal_at: chaos,
             quiet_at: chaos + nanos(QUIET_AFTER_HEAL),
@@ -226,6 +253,7 @@ impl LockScenario {
                 retry: Duration::from_millis(5),
                 resend: Duration::from_millis(20),
             },
+            walk: WalkParams::SHIPPED,
             write_delay: (50_000, ms(1)),
             heal_at: 0,
             quiet_at: quiet,
@@ -284,6 +312,7 @@ impl LockScenario {
                 retry: Duration::from_millis(5),
                 resend: Duration::from_millis(20),
             },
+            walk: WalkParams::SHIPPED,
             write_delay: (50_000, ms(1)),
             heal_at: 0,
             quiet_at: 0,

@@ -102,6 +102,8 @@ struct Slot {
     timer_generation: u64,
     /// Frozen until this real instant.
     paused_until: Real,
+    /// The driver takes the next epoch-walk step no earlier than this real instant.
+    walk_next: Real,
     clients: Vec<Client>,
     /// Ghost of the core's history in this run: each epoch learned (or started with) and its
     /// activation instant (node clock), oldest first.
@@ -166,6 +168,7 @@ impl LockWorld {
                 disk: Disk::default(),
                 timer_generation: 0,
                 paused_until: 0,
+                walk_next: 0,
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
                 learned: Vec::new(),
                 lease_ok: false,
@@ -322,6 +325,7 @@ impl LockWorld {
                 let Some(core) = self.slots[node].core.as_mut() else { return };
                 let core_due = core.epoch().poll_timeout().is_some_and(|t| t <= now);
                 core.handle_timeout(now);
+                self.slots[node].walk_next = self.now + self.scenario.walk.lag;
                 self.pump(node, core_due);
             }
             Ev::Sync { node, run } => self.sync(node, run),
@@ -374,6 +378,8 @@ impl LockWorld {
         holder_config.retry = p.retry;
         holder_config.resend = p.resend;
         holder_config.bugs = scenario.bugs;
+        home_config.walk_step = scenario.walk.step;
+        holder_config.walk_step = scenario.walk.step;
         // The core waits this long before acting as home after a start (`EpochNode::start`).
         let current = slot.durable.current.clone();
         let timing = current.timing;
@@ -449,7 +455,10 @@ impl LockWorld {
         let Some(core) = slot.core.as_ref() else { return };
         if let Some(at) = core.poll_timeout() {
             let generation = slot.timer_generation;
-            let real = slot.clock.real_at(at).max(self.now);
+            let mut real = slot.clock.real_at(at).max(self.now);
+            if core.walking() {
+                real = real.max(slot.walk_next);
+            }
             self.schedule(real, Ev::Timer { node: i, generation });
         }
         let now = self.local(i);
