@@ -164,6 +164,9 @@ use crate::message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
 use crate::token::FencingToken;
 use crate::walk::{DEFAULT_WALK_STEP, Walk};
 
+mod moves;
+use moves::{Moves, Moving};
+
 /// "No wake-up armed" in [`Entry::wake`].
 const NEVER: Instant = Instant::from_nanos(u64::MAX);
 
@@ -190,8 +193,9 @@ pub struct HomeConfig {
     pub max_records: usize,
     /// Most note bytes kept in released records at once. 64 MiB by default.
     pub max_record_bytes: usize,
-    /// Slots one step of an epoch change's walk looks at (see [`crate::walk`]); zero counts as
-    /// one. [`DEFAULT_WALK_STEP`] by default.
+    /// Slots one step of an epoch change's walk looks at (see [`crate::walk`]), and Handover
+    /// resends one [`Home::handle_timeout`] makes at most; zero counts as one.
+    /// [`DEFAULT_WALK_STEP`] by default.
     pub walk_step: u32,
     /// Safety rules switched off, for tests that show the simulation notices. All off by default.
     #[cfg(feature = "bug-injection")]
@@ -503,17 +507,6 @@ struct Entry {
     seen: u32,
 }
 
-/// A moved key's handover in progress.
-#[derive(Clone, Copy, Debug)]
-struct Moving {
-    to: NodeId,
-    /// The epoch that moved the key; only an ack under it counts.
-    epoch: u64,
-    next_send: Instant,
-    /// Sends since the key last had a live delegation.
-    sends: u32,
-}
-
 /// Totals over the entries currently in the map (an entry taken out for processing is not
 /// counted until it is put back).
 #[derive(Debug, Default)]
@@ -553,8 +546,8 @@ pub struct Home {
     /// Last grant counter handed out in this run.
     counter: u64,
     keys: Keys,
-    /// Handovers in progress, by slot number in `keys`.
-    moving: HashMap<u32, Moving>,
+    /// Handovers in progress, by slot number in `keys`, and their resends.
+    moves: Moves,
     /// Wake-ups, earliest first, by slot number in `keys`. May hold stale entries (for keys since
     /// dropped, whose slot may since hold another key, or superseded by an earlier one); each is
     /// popped once and costs at most one early [`Home::service`], which is harmless.
@@ -595,7 +588,7 @@ impl Home {
             walk: None,
             counter: 0,
             keys: Keys::new(),
-            moving: HashMap::new(),
+            moves: Moves::default(),
             timers: BinaryHeap::new(),
             counts: Counts::default(),
             counters: HomeCounters::default(),
@@ -645,9 +638,9 @@ impl Home {
     }
 
     /// Handles every wake-up due at `now`: expiries, lock-delay ends, waits that ran out, Recall
-    /// and Handover resends, released records that aged out; then one step of the epoch walk in
-    /// progress, if any. Harmless to call early or often. Afterwards [`Home::poll_timer`] is
-    /// later than `now`.
+    /// resends, released records that aged out; then up to [`HomeConfig::walk_step`] Handover
+    /// resends and one step of the epoch walk in progress, if any. Harmless to call early or
+    /// often. Afterwards [`Home::poll_timer`] is later than `now`.
     pub fn handle_timeout(&mut self, now: Instant, auth: &impl Authority) {
         self.on_epoch_change(now, auth);
         while let Some(Reverse((at, _))) = self.timers.peek()
@@ -662,22 +655,28 @@ impl Home {
             self.service(now, &key, &mut e, auth);
             self.finish(now, key, e);
         }
+        for slot in self.moves.take_due(now, self.config.walk_step as usize) {
+            // `service` resends the handover if it is still due (a key may have been listed again,
+            // have stopped moving, or even given its slot to another key meanwhile).
+            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
+            self.catch_up(now, &key, &mut e, auth);
+            self.service(now, &key, &mut e, auth);
+            self.finish(now, key, e);
+        }
         self.walk_step(now, auth);
     }
 
     /// The earliest instant at which [`Home::handle_timeout`] must be called, if any: the next
-    /// wake-up, or while an epoch walk is in progress the instant it started (it is due until it
-    /// is over; each call takes one step).
+    /// wake-up or Handover resend, or while an epoch walk is in progress the instant it started
+    /// (it is due until it is over; each call takes one step). Resends and walks are paced: each
+    /// call takes a bounded share of them, and they may stay due after it.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let timer = self.poll_timer();
-        match self.walk {
-            Some(walk) => Some(timer.map_or(walk.since(), |t| t.min(walk.since()))),
-            None => timer,
-        }
+        let paced = [self.moves.next_due(), self.walk.map(|w| w.since())].into_iter().flatten().min();
+        [self.poll_timer(), paced].into_iter().flatten().min()
     }
 
-    /// The next wake-up, leaving the epoch walk out. After `handle_timeout(t)` it is never `t`
-    /// or earlier (no timer spin).
+    /// The next wake-up, leaving Handover resends and the epoch walk out. After
+    /// `handle_timeout(t)` it is never `t` or earlier (no timer spin).
     pub fn poll_timer(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((at, _))| *at)
     }
@@ -795,7 +794,7 @@ impl Home {
         let home = auth.home_of(key);
         if home == Some(self.config.id) {
             if !authoritative {
-                self.moving.remove(&key.slot);
+                self.moves.remove(key.slot);
                 e.role = Role::Stale;
                 forget_record(e);
             }
@@ -806,10 +805,10 @@ impl Home {
             Some(to) if authoritative => {
                 e.role = Role::Moved;
                 let moving = Moving { to, epoch: auth.epoch(), next_send: now, sends: 0 };
-                self.moving.insert(key.slot, moving);
+                self.moves.insert(key.slot, moving);
             }
             _ => {
-                self.moving.remove(&key.slot);
+                self.moves.remove(key.slot);
                 e.role = Role::Tracking;
                 forget_record(e);
                 if let Phase::Delay { last, .. } = e.phase {
@@ -914,17 +913,14 @@ impl Home {
 
     /// The new home `key` is being handed over to, while the handover is unacknowledged.
     pub fn handing_over(&self, key: &[u8]) -> Option<NodeId> {
-        self.moving.get(&self.keys.find(key).slot?).map(|m| m.to)
+        self.moves.get(self.keys.find(key).slot?).map(|m| m.to)
     }
 
     /// An estimate of the heap bytes the home's per-key state occupies: the index, slab, timer
-    /// heap and handover table from their capacities, plus key, waiter and note allocations.
+    /// heap and handovers from their capacities, plus key, waiter and note allocations.
     /// Walks every key.
     pub fn memory_estimate(&self) -> usize {
-        let moving = match self.moving.capacity() {
-            0 => 0,
-            n => (n * 8 / 7).next_power_of_two() * (size_of::<(u32, Moving)>() + 1),
-        };
+        let moving = self.moves.allocation_size();
         let heap = self.timers.capacity() * size_of::<Reverse<(Instant, u32)>>();
         let per_key: usize = self
             .keys
@@ -1236,8 +1232,8 @@ impl Home {
 
     fn on_ack(&mut self, from: NodeId, epoch: u64, key: &[u8]) {
         let Some(slot) = self.keys.find(key).slot else { return };
-        if self.moving.get(&slot).is_some_and(|m| m.to == from && m.epoch == epoch) {
-            self.moving.remove(&slot);
+        if self.moves.get(slot).is_some_and(|m| m.to == from && m.epoch == epoch) {
+            self.moves.remove(slot);
             // Forget everything: the new home has taken the key over.
             if let Some((k, _)) = self.take_slot(slot, None) {
                 self.keys.remove(k);
@@ -1470,7 +1466,7 @@ impl Home {
 
     /// Sends the Handover of moved key `e` if it is due, or gives up.
     fn hand_over(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, retry: Duration) {
-        let Some(m) = self.moving.get_mut(&key.slot) else { return };
+        let Some(m) = self.moves.get_mut(key.slot) else { return };
         if now < m.next_send {
             return;
         }
@@ -1487,7 +1483,7 @@ impl Home {
         };
         if live.is_none() && m.sends >= HANDOVER_SENDS {
             // Nothing live to protect: forget the key; the new home waits out the activation.
-            self.moving.remove(&key.slot);
+            self.moves.remove(key.slot);
             e.role = Role::Tracking;
             e.phase = Phase::Free { note: None, recovered: true, until: now, last: NO_GRANTEE };
             return;
@@ -1496,6 +1492,7 @@ impl Home {
         m.sends = if live.is_some() { 0 } else { m.sends + 1 };
         m.next_send = now + retry;
         let to = m.to;
+        self.moves.list(key.slot, now + retry);
         self.send(to, Body::Handover { key: key.to_vec(), live, note, recovered, lock_delay });
     }
 
@@ -1547,11 +1544,11 @@ impl Home {
             },
         };
         if !keep {
-            self.moving.remove(&key.slot);
+            self.moves.remove(key.slot);
             self.keys.remove(key);
             return;
         }
-        if let Some(at) = self.next_wake(&key, &e)
+        if let Some(at) = e.next_wake()
             && at < e.wake
         {
             debug_assert!(at > now, "a wake-up at {at:?} is not after {now:?}: it would spin");
@@ -1570,21 +1567,6 @@ impl Home {
             }
         }
         self.keys.restore(key, e);
-    }
-
-    /// The earliest instant something happens to `e` by itself.
-    fn next_wake(&self, key: &KeyRef, e: &Entry) -> Option<Instant> {
-        let first_deadline = e.queue.as_ref().and_then(|q| q.waiters.iter().map(|w| w.deadline).min());
-        let own = match &e.phase {
-            Phase::Held(live) => {
-                let recall = e.queue.as_ref().map(|q| q.recall_next);
-                [Some(live.end), first_deadline, recall].into_iter().flatten().min()
-            }
-            Phase::Delay { until, .. } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
-            Phase::Free { until, .. } => (e.role != Role::Moved).then_some(*until),
-        };
-        let handover = self.moving.get(&key.slot).map(|m| m.next_send);
-        own.into_iter().chain(handover).min()
     }
 
     /// The switches in force (all off without the `bug-injection` feature).
@@ -1617,6 +1599,20 @@ impl Live {
 }
 
 impl Entry {
+    /// The earliest instant something happens to the key by itself (its handover's resends
+    /// aside: [`Moves`] lists those).
+    fn next_wake(&self) -> Option<Instant> {
+        let first_deadline = self.queue.as_ref().and_then(|q| q.waiters.iter().map(|w| w.deadline).min());
+        match &self.phase {
+            Phase::Held(live) => {
+                let recall = self.queue.as_ref().map(|q| q.recall_next);
+                [Some(live.end), first_deadline, recall].into_iter().flatten().min()
+            }
+            Phase::Delay { until, .. } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
+            Phase::Free { until, .. } => (self.role != Role::Moved).then_some(*until),
+        }
+    }
+
     fn waiting(&self) -> usize {
         self.queue.as_ref().map_or(0, |q| q.waiters.len())
     }

@@ -1235,8 +1235,9 @@ fn handed_keys(out: &[(NodeId, Body)], to: NodeId) -> Vec<Vec<u8>> {
         .collect()
 }
 
-#[test]
-fn an_epoch_change_is_walked_a_step_at_a_time_and_stays_due_until_done() {
+/// A home walking 2 slots per step whose five delegations (`k0` to `k4`, held by `A`) all moved
+/// to `N` by epoch 2, learned at `at(100)`; the first step taken, its messages not drained.
+fn five_keys_moved() -> (Home, Script, Vec<Vec<u8>>) {
     let mut home = walking_home(H, 2);
     let mut auth = Script::new(H);
     let keys: Vec<Vec<u8>> = (0..5).map(|i| format!("k{i}").into_bytes()).collect();
@@ -1246,6 +1247,12 @@ fn an_epoch_change_is_walked_a_step_at_a_time_and_stays_due_until_done() {
     auth.epoch = 2;
     auth.home = Some(N);
     home.on_epoch_change(at(100), &auth);
+    (home, auth, keys)
+}
+
+#[test]
+fn an_epoch_change_is_walked_a_step_at_a_time_and_stays_due_until_done() {
+    let (mut home, auth, keys) = five_keys_moved();
     let mut handed = handed_keys(&drain(&mut home), N);
     assert_eq!(handed, keys[..2], "the first step at once, in slot order");
     for (calls, upto) in [(1, 4), (2, 5)] {
@@ -1286,6 +1293,26 @@ fn a_key_a_message_names_is_brought_up_to_date_before_the_walk_reaches_it() {
     home.handle_timeout(at(103), &auth);
     assert_eq!(handed_keys(&drain(&mut home), N), [b"k1".to_vec()]);
     assert!(!home.walking());
+}
+
+#[test]
+fn handover_resends_are_paced_and_stay_due_until_sent() {
+    let (mut home, auth, keys) = five_keys_moved();
+    while home.walking() {
+        home.handle_timeout(at(100), &auth);
+    }
+    assert_eq!(handed_keys(&drain(&mut home), N), keys, "each sent once by the walk");
+    let resend = at(100) + retry_period(&TIMING);
+    assert_eq!(home.poll_timeout(), Some(resend));
+    assert!(home.poll_timer().is_some_and(|t| t > resend), "resends are not timer-heap wake-ups");
+    let mut resent = Vec::new();
+    for upto in [2, 4, 5] {
+        assert!(home.poll_timeout().is_some_and(|t| t <= resend), "still due");
+        home.handle_timeout(resend, &auth);
+        resent.extend(handed_keys(&drain(&mut home), N));
+        assert_eq!(resent, keys[..upto], "at most a step's worth per call");
+    }
+    assert!(home.poll_timeout().is_some_and(|t| t > resend), "all resent: nothing due");
 }
 
 /// Epoch 2: `N` adopted `a`, `b` and `k` from `H` and their holder released them. Epoch 3 keeps

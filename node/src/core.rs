@@ -19,12 +19,12 @@
 //! Delegation messages this node sends to itself (its holder asking its own home) are handled at
 //! once, in order, inside the call that produced them. Every input ends by settling: every due
 //! timer runs and every local message is delivered, so after any call [`Core::poll_timeout`] is
-//! later than its `now` unless the caller passed a later instant — or an epoch walk is in
-//! progress. The home and the holder apply an epoch change a bounded step of keys at a time
-//! (`keyhome_delegation::walk`), so that no call holds the core for long with a million keys:
-//! while they walk, [`Core::poll_timeout`] stays at the instant the epoch was learned, and each
-//! [`Core::handle_timeout`] takes one step. Other inputs take none (they bring up to date only
-//! the key they are about).
+//! later than its `now` unless the caller passed a later instant — or paced work is left. The
+//! home and the holder apply an epoch change a bounded step of keys at a time
+//! (`keyhome_delegation::walk`), and the home resends handovers a bounded batch at a time, so
+//! that no call holds the core for long with a million keys: while such work is left,
+//! [`Core::poll_timeout`] stays at or before `now`, and each [`Core::handle_timeout`] takes one
+//! share. Other inputs take none (they bring up to date only the key they are about).
 //!
 //! # Owners
 //!
@@ -260,24 +260,24 @@ impl Core {
         self.settle(now);
     }
 
-    /// Timers, and one step of an epoch walk in progress: call at or after
-    /// [`Core::poll_timeout`]; harmless earlier.
+    /// Timers, and one share of the paced work (epoch walks, handover resends): call at or
+    /// after [`Core::poll_timeout`]; harmless earlier.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.home.walking() {
+        if self.home.poll_timeout().is_some_and(|t| t <= now) {
             self.home.handle_timeout(now, &self.epoch);
         }
-        if self.holder.walking() {
+        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
             self.holder.handle_timeout(now, &self.epoch);
         }
         self.settle(now);
     }
 
-    /// The earliest instant something is due, an epoch walk in progress included.
+    /// The earliest instant something is due, paced work included.
     pub fn poll_timeout(&self) -> Option<Instant> {
         earliest(self.poll_timer(), earliest(self.home.poll_timeout(), self.holder.poll_timeout()))
     }
 
-    /// The earliest timer, leaving epoch walks out: what [`Core::settle`] runs down.
+    /// The earliest timer, leaving paced work out: what [`Core::settle`] runs down.
     fn poll_timer(&self) -> Option<Instant> {
         // Straight-line rather than an iterator over the four: the runtime asks after every call.
         let cores =
@@ -720,7 +720,7 @@ impl Core {
     }
 
     /// Runs every due timer and drains every output and local message, until no timer is due
-    /// (an epoch walk in progress is left to [`Core::handle_timeout`]).
+    /// (paced work is left to [`Core::handle_timeout`]).
     fn settle(&mut self, now: Instant) {
         for _ in 0..MAX_TIMER_ROUNDS {
             if self.epoch.poll_timeout().is_some_and(|t| t <= now) {

@@ -163,7 +163,7 @@ impl LockScenario {
         // them and epochs come while a walk is in progress.
         let mut pace = Rng::new(seed ^ 0x3a1c_5eed);
         let walk = if pace.chance(0.5) {
-            WalkParams { step: pace.range(1, 2) as u32, lag: pace.range(0, ms(5)) }
+            WalkParams { step: pace.range(1, 2) as u32, lag: pace.range(0, ms(40)) }
         } else {
             WalkParams::SHIPPED
         };
