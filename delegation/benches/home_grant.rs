@@ -38,6 +38,11 @@
 //!   about two thirds of the keys away, each to be handed over. Runs unless a filter is given
 //!   that does not match `home_epoch_walk`.
 //!
+//! - `holder_epoch_walk` (printed): the holder's side, a holder holding a million delegations with
+//!   100 000 more keys asked for and not yet granted, and a change that moves about two thirds of
+//!   the keys (so the outstanding requests of those go to their new homes): the longest step.
+//!   Runs unless a filter is given that does not match `holder_epoch_walk`.
+//!
 //! The counting allocator is in force for the timed cases too: it adds one thread-local add per
 //! allocation and free.
 
@@ -47,7 +52,10 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group};
-use keyhome_delegation::{Authority, Body, DEFAULT_WALK_STEP, Grantee, Home, HomeConfig, Message, RequestId};
+use keyhome_delegation::{
+    Authority, Body, DEFAULT_WALK_STEP, Grantee, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
+    LockOutcome, Message, RequestId,
+};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- a counting allocator (per thread: the memory measurement runs on one thread) ----
@@ -497,6 +505,62 @@ fn home_epoch_walk() {
     }
 }
 
+/// The holder's side of an epoch change: a holder holding a million delegations, with 100 000
+/// more keys asked for and not yet granted; the change moves about two thirds of the keys, so
+/// about 66 700 requests are sent to their new homes.
+fn holder_epoch_walk() {
+    const HELD: usize = 1_000_000;
+    const ASKED: usize = 100_000;
+    let mut config = HolderConfig::new(ME);
+    config.limits.max_holder_keys = 2 * (HELD + ASKED);
+    config.idle_release = Duration::from_secs(3600);
+    let now = Instant::from_nanos(60_000_000_000);
+    let mut holder = Holder::new(config, now);
+    let ttl = Duration::from_secs(1);
+    for (counter, i) in (1u64..).zip(0..HELD + ASKED) {
+        let key = format!("h{i:015}").into_bytes();
+        let Ok(LockOutcome::Pending(_)) = holder.lock(now, &key, ttl, WAIT, &FIXED) else {
+            panic!("a first lock waits for the home")
+        };
+        let Some((home, Message { body: Body::Request { id, lease, .. }, .. })) = holder.poll_transmit()
+        else {
+            panic!("a first lock sends a request")
+        };
+        if i >= HELD {
+            continue; // asked for, not granted
+        }
+        let grantee = Grantee { epoch: 1, incarnation: 1, counter };
+        let body = Body::Grant { key, id, grantee, lease, note: None, recovered: false };
+        holder.handle_message(now, home, Message { epoch: 1, body }, &FIXED);
+        let Some(HolderEvent::Locked { handle, .. }) = holder.poll_event() else { panic!("granted") };
+        holder.unlock(now, handle.id, None).expect("a live handle");
+    }
+    let next = Layer { epoch: 2, ring: Some(&[ME, A, B]) };
+    let (mut steps, mut sent, mut longest) = (0usize, 0usize, Duration::ZERO);
+    let mut call = |holder: &mut Holder, first: bool| {
+        let start = std::time::Instant::now();
+        if first {
+            holder.on_epoch_change(now, &next);
+        } else {
+            holder.handle_timeout(now, &next);
+        }
+        while holder.poll_transmit().is_some() {
+            sent += 1;
+        }
+        longest = longest.max(start.elapsed());
+        steps += 1;
+    };
+    call(&mut holder, true);
+    while holder.walking() {
+        call(&mut holder, false);
+    }
+    println!(
+        "holder_epoch_walk: {HELD} delegations held, {ASKED} requests outstanding: {steps} steps of {DEFAULT_WALK_STEP} slots, longest {:.3} ms, {sent} requests re-sent",
+        longest.as_secs_f64() * 1e3
+    );
+    black_box(&holder);
+}
+
 /// Whether the command line asks for `name`: no filter given, or a filter that is a substring.
 fn wants(name: &str) -> bool {
     const VALUED: &[&str] = &[
@@ -541,6 +605,9 @@ fn main() {
     }
     if wants("home_epoch_walk") {
         home_epoch_walk();
+    }
+    if wants("holder_epoch_walk") {
+        holder_epoch_walk();
     }
     benches();
     Criterion::default().configure_from_args().final_summary();

@@ -58,6 +58,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use keyhome_epoch::time::earliest;
 use keyhome_epoch::{Instant, NodeId};
 
 use crate::authority::Authority;
@@ -733,11 +734,7 @@ impl Holder {
     /// nothing is scheduled. While an epoch walk is in progress, no later than the instant it
     /// started (it is due until it is over; each call takes one step).
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let timer = self.poll_timer();
-        match self.walk {
-            Some(walk) => Some(timer.map_or(walk.since(), |t| t.min(walk.since()))),
-            None => timer,
-        }
+        earliest(self.poll_timer(), self.walk.map(|w| w.since()))
     }
 
     /// The next wake-up, leaving the epoch walk out; after `handle_timeout(now)` it is always

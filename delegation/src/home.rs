@@ -154,7 +154,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use keyhome_epoch::time::rate_margin;
+use keyhome_epoch::time::{earliest, rate_margin};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 use crate::authority::Authority;
@@ -671,8 +671,8 @@ impl Home {
     /// (it is due until it is over; each call takes one step). Resends and walks are paced: each
     /// call takes a bounded share of them, and they may stay due after it.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let paced = [self.moves.next_due(), self.walk.map(|w| w.since())].into_iter().flatten().min();
-        [self.poll_timer(), paced].into_iter().flatten().min()
+        let paced = earliest(self.moves.next_due(), self.walk.map(|w| w.since()));
+        earliest(self.poll_timer(), paced)
     }
 
     /// The next wake-up, leaving Handover resends and the epoch walk out. After

@@ -52,6 +52,16 @@ impl Sub<Duration> for Instant {
 /// Parts per million, the unit of the clock-rate bound.
 const PPM: u128 = 1_000_000;
 
+/// The earlier of two optional instants (`None` means "never"). Straight-line, for the poll
+/// functions drivers call after every input.
+#[inline]
+pub fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// How long a node must wait on its own clock so that `d` has surely passed on any other node's
 /// clock, when every clock's rate is within `rate_ppm` parts per million of real time.
 ///

@@ -42,6 +42,7 @@ use keyhome_delegation::{
     Body as DBody, CheckAnswer, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home,
     HomeConfig, LockError, LockOutcome, Message as DMessage, Refusal, Ticket,
 };
+use keyhome_epoch::time::earliest;
 use keyhome_epoch::{
     Change, EpochNode, EpochRecord, Event as EpochEvent, Instant, Member, Message as EpochMessage, NodeId,
     ProposeError, Ready, Write,
@@ -845,14 +846,5 @@ impl Core {
                 }
             }
         }
-    }
-}
-
-/// The earlier of two optional instants.
-#[inline]
-fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
     }
 }
