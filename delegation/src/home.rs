@@ -143,8 +143,11 @@
 //! million and 156.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
 //! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
 //! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
-//! capacities. Waiters (48 bytes each, plus a 48-byte queue), notes and handovers in progress are
-//! allocated only while present. Neither the slab nor the index shrinks when keys go.
+//! capacities. Waiters (48 bytes each, plus a 48-byte queue) and notes are allocated only while
+//! present; handovers in progress take 40 KiB per chunk of 1 024 slots in which at least one key
+//! is being handed over (see `home/moves.rs`), so an epoch change that moves a few keys spread
+//! over a million slots holds up to 40 MB until their handovers end. Neither the slab nor the
+//! index shrinks when keys go.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -639,8 +642,9 @@ impl Home {
 
     /// Handles every wake-up due at `now`: expiries, lock-delay ends, waits that ran out, Recall
     /// resends, released records that aged out; then up to [`HomeConfig::walk_step`] Handover
-    /// resends and one step of the epoch walk in progress, if any. Harmless to call early or
-    /// often. Afterwards [`Home::poll_timer`] is later than `now`.
+    /// resends and a step of the epoch walk in progress, if any, within one
+    /// [`HomeConfig::walk_step`] budget. Harmless to call early or often. Afterwards
+    /// [`Home::poll_timer`] is later than `now`.
     pub fn handle_timeout(&mut self, now: Instant, auth: &impl Authority) {
         self.on_epoch_change(now, auth);
         while let Some(Reverse((at, _))) = self.timers.peek()
@@ -655,7 +659,9 @@ impl Home {
             self.service(now, &key, &mut e, auth);
             self.finish(now, key, e);
         }
-        for slot in self.moves.take_due(now, self.config.walk_step as usize) {
+        let resends = self.moves.take_due(now, self.config.walk_step as usize);
+        let resent = resends.len();
+        for slot in resends {
             // `service` resends the handover if it is still due (a key may have been listed again,
             // have stopped moving, or even given its slot to another key meanwhile).
             let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
@@ -663,7 +669,11 @@ impl Home {
             self.service(now, &key, &mut e, auth);
             self.finish(now, key, e);
         }
-        self.walk_step(now, auth);
+        // Resends and the walk share one step's budget; a full batch of resends leaves the walk
+        // due for the next call.
+        if resent < self.config.walk_step.max(1) as usize {
+            self.walk_step(now, auth);
+        }
     }
 
     /// The earliest instant at which [`Home::handle_timeout`] must be called, if any: the next
@@ -818,7 +828,8 @@ impl Home {
         }
     }
 
-    // ---- queries (as of the last call that took `now`) ----
+    // ---- queries (as of the last call that took `now`; while an epoch walk is in progress, a key
+    // it has not reached yet shows its state from before the change) ----
 
     /// The live delegation of `key`, if any.
     pub fn delegation(&self, key: &[u8]) -> Option<Delegation> {

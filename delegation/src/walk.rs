@@ -16,7 +16,7 @@ use keyhome_epoch::Instant;
 
 /// Slots one step of a walk looks at, by default. The bench `home_grant -- home_epoch_walk`
 /// measures the longest step with a million live delegations, two thirds of them moving.
-pub const DEFAULT_WALK_STEP: u32 = 256;
+pub const DEFAULT_WALK_STEP: u32 = 128;
 
 /// A walk in progress over slot numbers `0..`, which may grow while it runs (slots added after
 /// the start are up to date already and are passed cheaply).

@@ -24,7 +24,9 @@
 //! (`keyhome_delegation::walk`), and the home resends handovers a bounded batch at a time, so
 //! that no call holds the core for long with a million keys: while such work is left,
 //! [`Core::poll_timeout`] stays at or before `now`, and each [`Core::handle_timeout`] takes one
-//! share. Other inputs take none (they bring up to date only the key they are about).
+//! share. Other inputs bring up to date only the key they are about, and take a share only when a
+//! home or holder timer happens to be due in them (a share is one `walk_step` budget, 128 slots
+//! by default; the call that learns an epoch takes the first step of both walks).
 //!
 //! # Owners
 //!
@@ -264,10 +266,10 @@ impl Core {
     /// Timers, and one share of the paced work (epoch walks, handover resends): call at or
     /// after [`Core::poll_timeout`]; harmless earlier.
     pub fn handle_timeout(&mut self, now: Instant) {
+        // One share per call: the home's first, then the holder's.
         if self.home.poll_timeout().is_some_and(|t| t <= now) {
             self.home.handle_timeout(now, &self.epoch);
-        }
-        if self.holder.poll_timeout().is_some_and(|t| t <= now) {
+        } else if self.holder.poll_timeout().is_some_and(|t| t <= now) {
             self.holder.handle_timeout(now, &self.epoch);
         }
         self.settle(now);

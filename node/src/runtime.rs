@@ -656,10 +656,21 @@ async fn timer_loop(shared: Arc<Shared>) {
         let planned = next.map_or(now + MAX_SLEEP, |t| t.min(now + MAX_SLEEP));
         let wait = planned.saturating_duration_since(now);
         shared.planned.store(planned.as_nanos(), Ordering::Release);
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = shared.timer.notified() => {}
-            _ = stopping(&mut stop) => return,
+        if wait.is_zero() {
+            // Due now (paced work, such as an epoch walk, stays due until it is done): let other
+            // tasks in, then take the next share at once. A zero sleep would wait for the timer
+            // wheel's next millisecond tick.
+            tokio::select! {
+                biased;
+                _ = stopping(&mut stop) => return,
+                _ = tokio::task::yield_now() => {}
+            }
+        } else {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shared.timer.notified() => {}
+                _ = stopping(&mut stop) => return,
+            }
         }
         // This task's own call must not wake it again (with `planned` at `u64::MAX` it stored a
         // permit on every round, so the task never slept); an input that runs meanwhile is seen by

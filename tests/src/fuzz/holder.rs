@@ -59,6 +59,8 @@ pub fn run(data: &[u8]) -> Result<(), String> {
     config.retry = g.duration(Duration::from_millis(5));
     config.resend = g.duration(Duration::from_millis(30));
     config.prefetch_wait = g.duration(Duration::from_millis(50));
+    // A slot or a few per step, so epoch walks span several calls.
+    config.walk_step = 1 + g.index(3) as u32;
     let now = Instant::from_nanos(g.range(0, 1_000_000_000));
     let mut run = Run {
         holder: Holder::new(config, now),
@@ -127,7 +129,7 @@ impl Run {
             }
             7 => {
                 self.holder.handle_timeout(now, &self.auth);
-                if let Some(at) = self.holder.poll_timeout().filter(|&at| at <= now) {
+                if let Some(at) = self.holder.poll_timer().filter(|&at| at <= now) {
                     return Err(format!("after handle_timeout({now:?}) a wake-up at {at:?}"));
                 }
             }

@@ -37,6 +37,8 @@ pub fn run(data: &[u8]) -> Result<(), String> {
     config.record_retention = Duration::from_millis(g.range(0, 500));
     config.max_records = MAX_RECORDS;
     config.max_record_bytes = 20;
+    // A slot or a few per step, so epoch walks and handover resends span several calls.
+    config.walk_step = 1 + g.index(3) as u32;
     let timing = small_timing(&mut g);
     let mut auth = Script::new(&mut g, me, timing);
     let mut now = Instant::from_nanos(g.range(0, 1_000_000_000));
@@ -51,7 +53,7 @@ pub fn run(data: &[u8]) -> Result<(), String> {
             0 | 1 => now = now + g.elapse(timing.max_delegation_lease),
             2 => {
                 home.handle_timeout(now, &auth);
-                if let Some(at) = home.poll_timeout().filter(|&at| at <= now) {
+                if let Some(at) = home.poll_timer().filter(|&at| at <= now) {
                     return Err(format!("step {step}: after handle_timeout({now:?}) a wake-up at {at:?}"));
                 }
             }
