@@ -971,16 +971,26 @@ impl Holder {
                 // owner was told. A grantee older than the one held is ignored (its tokens would
                 // be lower).
                 if g.grantee >= d.grantee {
-                    if g.grantee > d.grantee {
+                    let renewed = g.grantee == d.grantee;
+                    if !renewed {
+                        // Not a renewal after all: the home let the held delegation end (it
+                        // expired there, or the home restarted) and granted a new one. Another
+                        // node may have held the key in between, so what the next admission is
+                        // told comes from this grant, as for an acquisition, not from this
+                        // holder's own last unlock; and a handle of the old delegation keeps its
+                        // deadline.
                         d.grantee = g.grantee;
                         d.next_seq = 0;
+                        d.fresh = true;
+                        d.recovered = g.recovered;
+                        e.note = g.note;
                     }
                     d.home = from;
                     d.lease = lease;
                     d.deadline = d.deadline.max(deadline);
                     d.renew_at = r.sent_at + lease / 2;
                     d.answers_until = d.answers_until.max(r.sent_at + r.lease);
-                    if let Some(local) = &mut e.local {
+                    if renewed && let Some(local) = &mut e.local {
                         local.deadline = local.until.min(d.deadline);
                     }
                     e.refusals = 0;

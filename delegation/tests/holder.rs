@@ -710,6 +710,35 @@ fn a_renewal_grant_after_the_release_is_not_handed_back() {
     assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), Some(b"n49"), false))]);
 }
 
+/// A renewal answered with a newer grantee: the home had let the held delegation end and granted
+/// a new one, flagged `recovered` (another node may have held the key in between). The holder's
+/// own last note no longer describes the key: the next admission, and a release before any, say
+/// `recovered` with the grant's note. (Found by the lock simulation, seed 19112, once walks were
+/// paced: a slow node's renewal reached the home after its delegation ended there.)
+#[test]
+fn a_renewal_answered_with_a_new_delegation_passes_on_the_grants_handoff() {
+    let auth = Script::new();
+    // Admitted under the new delegation: told `recovered`, not given this holder's own note.
+    let mut h = holder();
+    let renewed_into_new = |h: &mut Holder| {
+        let (a, _) = acquire(h, &auth, at(0), b"k", 1);
+        tick(h, &auth, at(5_000));
+        let renewal = one_request(h);
+        assert_eq!(renewal.held, Some(grantee(1)));
+        h.unlock(at(5_100), a.id, Some(b"mine".to_vec())).unwrap();
+        h.handle_message(at(5_200), HOME, grant(b"k", renewal.id, grantee(7), secs(10), None, true), &auth);
+        assert!(sent(h).is_empty());
+    };
+    renewed_into_new(&mut h);
+    let b = locked(h.lock(at(5_300), b"k", secs(60), secs(1), &auth));
+    assert_eq!((b.token.counter, b.note.as_deref(), b.recovered), (7, None, true));
+    // Released before any admission: the grant's flag goes back, not this holder's note.
+    let mut h = holder();
+    renewed_into_new(&mut h);
+    h.handle_message(at(5_300), HOME, recall(b"k", grantee(7)), &auth);
+    assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(7), None, true));
+}
+
 /// Defect (c): a renewal's grant that arrives after the delegation expired is handed back flagged
 /// `recovered`, even when it arrives after the expired delegation's own lease would have ended
 /// (the renewal asked for more).
