@@ -652,22 +652,19 @@ impl Home {
         {
             let Some(Reverse((_, slot))) = self.timers.pop() else { break };
             let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
-            self.catch_up(now, &key, &mut e, auth);
             if e.wake <= now {
                 e.wake = NEVER;
             }
-            self.service(now, &key, &mut e, auth);
-            self.finish(now, key, e);
+            self.bring_up(now, key, e, auth);
         }
         let resends = self.moves.take_due(now, self.config.walk_step as usize);
         let resent = resends.len();
         for slot in resends {
             // `service` resends the handover if it is still due (a key may have been listed again,
             // have stopped moving, or even given its slot to another key meanwhile).
-            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
-            self.catch_up(now, &key, &mut e, auth);
-            self.service(now, &key, &mut e, auth);
-            self.finish(now, key, e);
+            if let Some((key, e)) = self.take_slot(slot, None) {
+                self.bring_up(now, key, e, auth);
+            }
         }
         // Resends and the walk share one step's budget; a full batch of resends leaves the walk
         // due for the next call.
@@ -753,10 +750,9 @@ impl Home {
                 }
                 continue;
             }
-            let Some((key, mut e)) = self.take_slot(slot, None) else { continue };
-            self.catch_up(now, &key, &mut e, auth);
-            self.service(now, &key, &mut e, auth);
-            self.finish(now, key, e);
+            if let Some((key, e)) = self.take_slot(slot, None) {
+                self.bring_up(now, key, e, auth);
+            }
         }
         if self.walk.is_some_and(|w| w.is_over(self.keys.slots())) {
             self.walk = None;
@@ -764,13 +760,27 @@ impl Home {
         }
     }
 
-    /// Whether the epoch change leaves `e` as it is: it saw the epoch straight before this one,
-    /// its record is authoritative, and the key is still homed here.
+    /// Whether the epoch change leaves `e` as it is: its record stays authoritative and the key
+    /// is still homed here.
     fn keeps_everything(&self, key: &[u8], e: &Entry, auth: &impl Authority) -> bool {
+        self.stays_authoritative(e) && auth.home_of(key) == Some(self.config.id)
+    }
+
+    /// Whether `e`'s record is still authoritative under the current epoch: it was authoritative,
+    /// and it saw the epoch straight before this one (an entry the last walk did not reach before
+    /// this change came saw an earlier one, and misses whatever another home did in between).
+    fn stays_authoritative(&self, e: &Entry) -> bool {
         self.consecutive
             && e.seen == self.generation.wrapping_sub(1)
             && matches!(e.role, Role::Home | Role::Adopted)
-            && auth.home_of(key) == Some(self.config.id)
+    }
+
+    /// [`Home::catch_up`], then [`Home::service`] and [`Home::finish`]: a taken-out key brought
+    /// up to date and put back.
+    fn bring_up(&mut self, now: Instant, key: KeyRef, mut e: Entry, auth: &impl Authority) {
+        self.catch_up(now, &key, &mut e, auth);
+        self.service(now, &key, &mut e, auth);
+        self.finish(now, key, e);
     }
 
     /// Brings the key a message names up to date, if the epoch walk has not yet.
@@ -783,23 +793,18 @@ impl Home {
         if self.keys.entry(slot).is_none_or(|e| e.seen == self.generation) {
             return;
         }
-        let Some((k, mut e)) = self.take_found(found) else { return };
-        self.catch_up(now, &k, &mut e, auth);
-        self.service(now, &k, &mut e, auth);
-        self.finish(now, k, e);
+        if let Some((k, e)) = self.take_found(found) {
+            self.bring_up(now, k, e, auth);
+        }
     }
 
-    /// Applies the epoch changes `e` (taken out) has not seen (see [`Home::on_epoch_change`]).
-    /// Its record stays authoritative only if it saw the epoch straight before the current one:
-    /// an entry the last walk did not reach before this change came saw an earlier one, and
-    /// misses whatever another home did in between.
+    /// Applies the epoch changes `e` (taken out) has not seen (see [`Home::on_epoch_change`] and
+    /// [`Home::stays_authoritative`]).
     fn catch_up(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, auth: &impl Authority) {
         if e.seen == self.generation {
             return;
         }
-        let authoritative = self.consecutive
-            && e.seen == self.generation.wrapping_sub(1)
-            && matches!(e.role, Role::Home | Role::Adopted);
+        let authoritative = self.stays_authoritative(e);
         e.seen = self.generation;
         let home = auth.home_of(key);
         if home == Some(self.config.id) {

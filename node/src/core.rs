@@ -277,14 +277,18 @@ impl Core {
 
     /// The earliest instant something is due, paced work included.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        earliest(self.poll_timer(), earliest(self.home.poll_timeout(), self.holder.poll_timeout()))
+        self.earliest_with(self.home.poll_timeout(), self.holder.poll_timeout())
     }
 
     /// The earliest timer, leaving paced work out: what [`Core::settle`] runs down.
     fn poll_timer(&self) -> Option<Instant> {
+        self.earliest_with(self.home.poll_timer(), self.holder.poll_timer())
+    }
+
+    /// The earliest of `home`, `holder`, the epoch node's next timer and the first check deadline.
+    fn earliest_with(&self, home: Option<Instant>, holder: Option<Instant>) -> Option<Instant> {
         // Straight-line rather than an iterator over the four: the runtime asks after every call.
-        let cores =
-            earliest(self.epoch.poll_timeout(), earliest(self.home.poll_timer(), self.holder.poll_timer()));
+        let cores = earliest(self.epoch.poll_timeout(), earliest(home, holder));
         earliest(cores, self.check_deadlines.peek().map(|Reverse((at, _))| *at))
     }
 

@@ -104,12 +104,13 @@ impl Moves {
 
     /// Takes at most `max` (at least one) listed slots due at or before `now`, earliest first.
     pub(super) fn take_due(&mut self, now: Instant, max: usize) -> Vec<u32> {
+        let max = max.max(1);
         let mut taken = Vec::new();
-        while taken.len() < max.max(1)
+        while taken.len() < max
             && let Some((at, slots)) = self.due.front_mut()
             && *at <= now
         {
-            let room = max.max(1) - taken.len();
+            let room = max - taken.len();
             if slots.len() <= room {
                 taken.append(slots);
                 self.due.pop_front();
