@@ -1,6 +1,6 @@
 //! What the delegation layer asks of the epoch layer, as a trait so tests can script it.
 
-use keyhome_epoch::{EpochNode, Instant, NodeId, Timing};
+use keyhome_epoch::{EpochNode, EpochView, Instant, NodeId, Timing};
 
 /// The epoch layer's view, as of one instant.
 pub trait Authority {
@@ -70,5 +70,41 @@ impl Authority for EpochNode {
 
     fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
         EpochNode::previous_home_of(self, key)
+    }
+}
+
+/// A snapshot of the epoch core answers as the core did when it was taken (see
+/// [`keyhome_epoch::view`]), so shards that do not share the epoch core's lock decide alike.
+impl Authority for EpochView {
+    fn epoch(&self) -> u64 {
+        self.current().number
+    }
+
+    fn incarnation(&self) -> u64 {
+        EpochView::incarnation(self)
+    }
+
+    fn timing(&self) -> Timing {
+        self.current().timing
+    }
+
+    fn is_member(&self, node: NodeId) -> bool {
+        self.current().is_member(node)
+    }
+
+    fn home_of(&self, key: &[u8]) -> Option<NodeId> {
+        EpochView::home_of(self, key)
+    }
+
+    fn home_active(&self, now: Instant, key: &[u8]) -> bool {
+        EpochView::home_active(self, now, key)
+    }
+
+    fn holds_lease(&self, now: Instant) -> bool {
+        EpochView::holds_lease(self, now)
+    }
+
+    fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
+        EpochView::previous_home_of(self, key)
     }
 }

@@ -109,9 +109,27 @@ pub struct HolderConfig {
     /// Slots one step of an epoch change's walk looks at (see [`crate::walk`]); zero counts as
     /// one. [`DEFAULT_WALK_STEP`] by default.
     pub walk_step: u32,
+    /// The serials this holder gives its handles and tickets: `serials.first`, then every
+    /// `serials.step` after it, so that several holders of one node (its key shards) never give
+    /// out the same serial. `{ first: 1, step: 1 }` by default.
+    pub serials: Serials,
     /// Safety rules switched off, for tests that show the simulation notices. All off by default.
     #[cfg(feature = "bug-injection")]
     pub bugs: crate::bugs::Bugs,
+}
+
+/// An arithmetic sequence of serial numbers: `first`, `first + step`, `first + 2 · step`, …
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Serials {
+    /// The first serial; at least 1 (0 is never a serial).
+    pub first: u64,
+    /// The distance between two serials; at least 1.
+    pub step: u64,
+}
+
+impl Serials {
+    /// 1, 2, 3, …
+    pub const ALL: Serials = Serials { first: 1, step: 1 };
 }
 
 impl HolderConfig {
@@ -128,6 +146,7 @@ impl HolderConfig {
             resend: Duration::from_secs(1),
             prefetch_wait: Duration::from_secs(2),
             walk_step: DEFAULT_WALK_STEP,
+            serials: Serials::ALL,
             #[cfg(feature = "bug-injection")]
             bugs: crate::bugs::Bugs::default(),
         }
@@ -286,7 +305,9 @@ pub struct Holder {
 struct Io {
     /// The epoch stamped on outgoing messages: the latest `auth.epoch()` handed in.
     epoch: u64,
+    /// The serial the next handle or ticket gets.
     next_serial: u64,
+    serials: Serials,
     /// Requests numbered so far in this run (the `seq` of the latest [`RequestId`]).
     request_count: u64,
     /// Requests sent in this run, by increasing id, while a grant for them may be live.
@@ -415,6 +436,7 @@ impl Holder {
     pub fn new(mut config: HolderConfig, now: Instant) -> Holder {
         config.retry = config.retry.max(MIN_INTERVAL);
         config.resend = config.resend.max(MIN_INTERVAL);
+        let serials = Serials { first: config.serials.first.max(1), step: config.serials.step.max(1) };
         let _ = now;
         Holder {
             config,
@@ -427,7 +449,8 @@ impl Holder {
             walk: None,
             io: Io {
                 epoch: 0,
-                next_serial: 0,
+                next_serial: serials.first,
+                serials,
                 request_count: 0,
                 recent: VecDeque::new(),
                 issued: None,
@@ -1237,8 +1260,9 @@ impl Io {
     }
 
     fn serial(&mut self) -> u64 {
-        self.next_serial += 1;
-        self.next_serial
+        let serial = self.next_serial;
+        self.next_serial = serial.saturating_add(self.serials.step);
+        serial
     }
 
     /// A fresh request id of the run `incarnation`: no grant meant for an earlier run, or for an

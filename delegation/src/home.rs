@@ -577,6 +577,17 @@ pub struct HomeCounters {
     pub lock_delays: u64,
 }
 
+impl std::ops::AddAssign for HomeCounters {
+    /// Sums the counters of several homes (a node's key shards).
+    fn add_assign(&mut self, other: HomeCounters) {
+        self.grants += other.grants;
+        self.handoffs += other.handoffs;
+        self.recalls += other.recalls;
+        self.expiries += other.expiries;
+        self.lock_delays += other.lock_delays;
+    }
+}
+
 impl Home {
     /// A home whose run started at `now`. Construct it when the process starts, before the node
     /// acts as a home: the restart quarantine counts from `now`.

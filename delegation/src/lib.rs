@@ -27,7 +27,7 @@ pub use check::CheckAnswer;
 pub use guard::{Stale, TokenGuard};
 pub use holder::{
     DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,
-    Ticket,
+    Serials, Ticket,
 };
 pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
 pub use limits::Limits;

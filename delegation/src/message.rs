@@ -102,6 +102,24 @@ pub enum Body {
     HandoverAck { key: Key },
 }
 
+impl Body {
+    /// The key the message is about (every delegation message is about exactly one).
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Body::Request { key, .. }
+            | Body::Grant { key, .. }
+            | Body::Refuse { key, .. }
+            | Body::Recall { key, .. }
+            | Body::Release { key, .. }
+            | Body::Check { key, .. }
+            | Body::Probe { key, .. }
+            | Body::CheckReply { key, .. }
+            | Body::Handover { key, .. }
+            | Body::HandoverAck { key } => key,
+        }
+    }
+}
+
 /// Names one delegation request of one holder: the run (incarnation) that sent it and its number
 /// in that run. A run numbers its requests 1, 2, 3, … (64 bits: it never wraps), so no answer
 /// meant for an earlier run, or for an earlier request of this one, can match a later request.

@@ -6,6 +6,7 @@
 //! - [`paxos`]: single-decree Paxos as pure data, generic over the value.
 //! - [`node`]: one node's epoch core: agreement, learning, home leases, activation.
 //! - [`storage`]: the durable state and the trait drivers persist it through.
+//! - [`view`]: an owned snapshot of what the delegation layer reads of a node's epoch core.
 //! - [`message`], [`time`]: what crosses the wire, and the node-local clock.
 //!
 //! Epoch `n + 1` is chosen by a Paxos instance whose acceptors are the members of epoch `n`. A
@@ -21,6 +22,7 @@ pub mod paxos;
 pub mod record;
 pub mod storage;
 pub mod time;
+pub mod view;
 
 /// Whether this build has the test-only `bug-injection` switches compiled in. The node refuses
 /// to start with them unless told it is a test (see the `keyhome` binary); shipped builds never
@@ -34,3 +36,4 @@ pub use node::{Bugs, Config, EpochNode, Event, ProposeError, Ready};
 pub use record::{EpochRecord, MAX_EPOCH, Member, RecordError, Timing};
 pub use storage::{Durable, MemStorage, Storage, Write};
 pub use time::Instant;
+pub use view::{EpochView, ViewStamp};

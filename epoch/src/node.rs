@@ -18,15 +18,16 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use keyhome_ring::{KeyDigest, NodeId, Ring};
+use keyhome_ring::{KeyDigest, NodeId};
 
-use crate::activation::{self, Standing};
+use crate::activation;
 use crate::change::{Change, ChangeError};
 use crate::message::{Body, Message, Transmit};
 use crate::paxos::{Ballot, Proposer, Step, Vote};
 use crate::record::{EpochRecord, Member};
 use crate::storage::{Durable, Write};
 use crate::time::Instant;
+use crate::view::{EpochView, History, Learned, ViewStamp};
 
 /// Switches that each disable one safety rule, so tests can show the simulation notices.
 /// Only in builds with the `bug-injection` feature; every switch is off by default.
@@ -133,20 +134,6 @@ const MAX_REBASES: u32 = 3;
 /// How many learned epochs a node remembers for activation decisions.
 const HISTORY: usize = 8;
 
-/// An epoch this run learned, with the instant from which it may act as a new home under it.
-#[derive(Clone, Debug)]
-struct Learned {
-    number: u64,
-    ring: Ring,
-    /// The epoch's `max_delegation_lease`.
-    max_delegation_lease: Duration,
-    /// Before this instant, some node may still hold a home lease of an earlier epoch.
-    fence_until: Instant,
-    /// End of this node's home lease under this epoch, once the node has moved past it. (The
-    /// lease of the current epoch is in [`Lease`].)
-    lease_until: Option<Instant>,
-}
-
 /// The home lease this node holds or seeks for its current epoch.
 #[derive(Clone, Debug)]
 struct Lease {
@@ -183,7 +170,7 @@ pub struct EpochNode {
     /// This run's incarnation.
     incarnation: u64,
     /// Epochs learned in this run, oldest first; the last one is the current epoch.
-    history: VecDeque<Learned>,
+    history: History,
     lease: Lease,
     proposal: Option<Proposal>,
     /// When to start driving the value this acceptor accepted for the next slot to a decision, if
@@ -239,7 +226,7 @@ impl EpochNode {
             config,
             durable,
             incarnation,
-            history: VecDeque::new(),
+            history: History::default(),
             proposal: None,
             recover_at: None,
             wake_at_fence: None,
@@ -306,22 +293,18 @@ impl EpochNode {
 
     /// The home of `key` under the current epoch.
     pub fn home_of(&self, key: &[u8]) -> Option<NodeId> {
-        self.history.back().and_then(|learned| learned.ring.home(key))
+        self.history.home_of(key)
     }
 
     /// The home of `key` under the epoch before the current one, if this run learned that epoch
     /// and still remembers it: the only node a home adopts a handed-over key from.
     pub fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
-        if self.bugs().no_handover {
-            return None;
-        }
-        self.home_in(self.current().number.checked_sub(1)?, key)
+        self.history.previous_home_of(self.current().number, key, self.bugs())
     }
 
     /// The home of `key` under `epoch`, if this run learned that epoch and still remembers it.
     pub fn home_in(&self, epoch: u64, key: &[u8]) -> Option<NodeId> {
-        let learned = self.history.iter().find(|l| l.number == epoch)?;
-        learned.ring.home(key)
+        self.history.home_in(epoch, key)
     }
 
     /// Whether this node may grant `key` at `now`, for delegations of up to the current epoch's
@@ -344,17 +327,29 @@ impl EpochNode {
 
     /// [`EpochNode::home_active`] for a key hashed beforehand.
     pub fn home_active_digest(&self, now: Instant, key: KeyDigest) -> bool {
-        if self.bugs().same_home_wait && self.history.back().is_some_and(|l| now < l.fence_until) {
-            return false;
+        self.history.home_active(self.config.id, self.lease_until(now), now, key, self.bugs())
+    }
+
+    /// A snapshot of what the delegation layer reads of this node (see [`crate::view`]).
+    pub fn view(&self) -> EpochView {
+        EpochView {
+            id: self.config.id,
+            incarnation: self.incarnation,
+            current: self.current().clone(),
+            history: self.history.clone(),
+            lease: self.current_lease(),
+            bugs: self.bugs(),
         }
-        let standings = self.history.iter().rev().enumerate().map(|(i, learned)| Standing {
-            number: learned.number,
-            homes_key: learned.ring.home_of(key) == Some(self.config.id),
-            lease_until: if i == 0 { self.lease_until(now) } else { learned.lease_until },
-            fence_until: learned.fence_until,
-            max_delegation_lease: learned.max_delegation_lease,
-        });
-        activation::may_grant(standings, now, self.bugs())
+    }
+
+    /// What a view taken now would hold: take a new one when this changes.
+    pub fn view_stamp(&self) -> ViewStamp {
+        ViewStamp { epoch: self.current().number, lease: self.current_lease() }
+    }
+
+    /// The end of the home lease for the current epoch, if this node gained one (passed or not).
+    fn current_lease(&self) -> Option<Instant> {
+        self.lease.valid_until.filter(|_| self.lease.epoch == self.current().number)
     }
 
     /// The earliest instant at which [`EpochNode::handle_timeout`] must be called.
@@ -407,7 +402,7 @@ impl EpochNode {
 
     /// Handles timer expiry; harmless to call early or often.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.wake_at_fence = self.history.iter().map(|l| l.fence_until).filter(|&at| now < at).min();
+        self.wake_at_fence = self.history.learned.iter().map(|l| l.fence_until).filter(|&at| now < at).min();
         if self.is_member() && now >= self.lease.next_request {
             self.request_lease(now);
         }
@@ -639,7 +634,7 @@ impl EpochNode {
         self.durable.apply(&Write::Epoch(record.clone()));
         let number = record.number;
         self.events.push_back(Event::Learned { epoch: number });
-        if let Some(previous) = self.history.back_mut() {
+        if let Some(previous) = self.history.learned.back_mut() {
             previous.lease_until = self.lease.valid_until;
         }
         self.remember(&record, now, record.activation_wait);
@@ -659,14 +654,14 @@ impl EpochNode {
     fn remember(&mut self, record: &EpochRecord, now: Instant, wait: Duration) {
         let wait = if self.bugs().skip_activation_wait { Duration::ZERO } else { wait };
         let ring = record.ring();
-        if self.history.len() == HISTORY {
-            self.history.pop_front();
+        if self.history.learned.len() == HISTORY {
+            self.history.learned.pop_front();
         }
         let fence_until = now + wait;
         if wait > Duration::ZERO {
             self.wake_at_fence = Some(self.wake_at_fence.map_or(fence_until, |at| at.min(fence_until)));
         }
-        self.history.push_back(Learned {
+        self.history.learned.push_back(Learned {
             number: record.number,
             ring,
             max_delegation_lease: record.timing.max_delegation_lease,
@@ -722,7 +717,7 @@ impl EpochNode {
         let current = self.current();
         let mut next = change.apply(current)?;
         // Leases of earlier epochs may still run if this node's own wait for them has not ended.
-        let fence_passed = self.history.back().is_some_and(|learned| now >= learned.fence_until);
+        let fence_passed = self.history.learned.back().is_some_and(|learned| now >= learned.fence_until);
         next.activation_wait = activation::next_activation_wait(current, fence_passed);
         Ok(next)
     }

@@ -10,6 +10,10 @@
 //! Under callgrind only `relock` is counted: its total divided by `--pairs` is the instructions
 //! per lock+unlock pair. The ns per pair it prints are a single wall-clock figure (the cluster
 //! bench's `embedded re-lock` is the one reported in docs/benchmarks.md).
+//!
+//! Then two-thread scaling: the node runs two key shards; one thread re-locks a key of shard 0,
+//! then two threads at once each re-lock a key of their own shard, `--pairs` pairs each, and the
+//! bench prints both rates and their ratio (`--rounds` times, default 5).
 
 use std::time::{Duration, Instant};
 
@@ -20,17 +24,20 @@ use keyhome_epoch::Timing;
 fn main() {
     let mut args = std::env::args().skip(1);
     let mut pairs = 1_000_000usize;
+    let mut rounds = 5usize;
     while let Some(arg) = args.next() {
-        if arg == "--pairs" {
-            pairs = args.next().and_then(|n| n.parse().ok()).expect("--pairs takes a number");
+        match arg.as_str() {
+            "--pairs" => pairs = args.next().and_then(|n| n.parse().ok()).expect("--pairs takes a number"),
+            "--rounds" => rounds = args.next().and_then(|n| n.parse().ok()).expect("--rounds takes a number"),
+            _ => {}
         }
     }
     let rt =
         tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    rt.block_on(run(pairs));
+    rt.block_on(run(pairs, rounds));
 }
 
-async fn run(pairs: usize) {
+async fn run(pairs: usize, rounds: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = (20_000..60_000)
         .step_by(97)
@@ -44,6 +51,7 @@ async fn run(pairs: usize) {
     let configs = setup::dev_cluster(dir.path(), 1, port, timing, &LockSettings::default()).expect("layout");
     let mut config = NodeConfig::load(&configs[0]).expect("config");
     config.http = None;
+    config.shards = 2;
     let node = Node::start(config).await.expect("node starts");
     let ready = Instant::now();
     while !{
@@ -63,6 +71,7 @@ async fn run(pairs: usize) {
     relock(&node, key, ttl, pairs);
     let per_pair = start.elapsed() / u32::try_from(pairs).expect("pairs fit in u32");
     println!("embedded re-lock: {pairs} pairs, {} ns per pair", per_pair.as_nanos());
+    two_threads(&node, ttl, pairs, rounds).await;
     node.shutdown(Duration::from_millis(100)).await;
 }
 
@@ -72,5 +81,37 @@ fn relock(node: &Node, key: &[u8], ttl: Duration, pairs: usize) {
     for _ in 0..pairs {
         let guard = node.try_lock(key, ttl).expect("re-lock needs no message");
         drop(std::hint::black_box(guard));
+    }
+}
+
+/// One thread, then two threads on keys of different shards: prints pairs per second and the ratio.
+async fn two_threads(node: &Node, ttl: Duration, pairs: usize, rounds: usize) {
+    let key_in = |shard: usize| {
+        (0..)
+            .map(|i| format!("bench/thread-{i}").into_bytes())
+            .find(|k| node.shard_of(k) == shard)
+            .expect("a key")
+    };
+    let keys = [key_in(0), key_in(1)];
+    for key in &keys {
+        node.lock(key, ttl, Duration::from_secs(10)).await.expect("first lock").unlock(None).expect("unlock");
+    }
+    for round in 1..=rounds {
+        let start = Instant::now();
+        relock(node, &keys[0], ttl, pairs);
+        let one = pairs as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        std::thread::scope(|scope| {
+            for key in &keys {
+                scope.spawn(move || relock(node, key, ttl, pairs));
+            }
+        });
+        let two = 2.0 * pairs as f64 / start.elapsed().as_secs_f64();
+        println!(
+            "round {round}: 1 thread {:.2} M pairs/s, 2 threads {:.2} M pairs/s: {:.2}x",
+            one / 1e6,
+            two / 1e6,
+            two / one
+        );
     }
 }

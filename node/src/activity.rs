@@ -1,28 +1,29 @@
-//! [`Activity`]: what a node's [`Core`](crate::core::Core) records for observability beyond its
-//! [`Counters`](crate::status::Counters): how long locks waited and were held, cluster messages
-//! by kind, the hottest keys, and the latest epoch changes.
+//! What a node's [`Core`](crate::core::Core) records for observability beyond its
+//! [`Counters`](crate::status::Counters): how long locks waited and were held ([`Activity`]),
+//! cluster messages by kind ([`MessageCounts`]) and the latest epoch changes ([`EpochLog`]); the
+//! hottest keys are in [`crate::hotkeys`].
 //!
 //! Plain data the core owns and updates with the instants it is given (no clock, no globals, no
 //! I/O); the runtime reads it for `/metrics`, `keyhome status` and the status page. Everything is
-//! bounded: histograms have fixed buckets, message kinds are a fixed set, [`HotKeys`] and
-//! [`EpochLog`] keep a fixed number of entries.
+//! bounded: histograms have fixed buckets, message kinds are a fixed set, [`EpochLog`] keeps a
+//! fixed number of entries.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use keyhome_delegation::Body as DBody;
-use keyhome_epoch::{Body as EBody, Instant};
+use keyhome_delegation::{Body as DBody, Message as DMessage};
+use keyhome_epoch::{Body as EBody, Instant, Message as EpochMessage};
 use prometheus_client::metrics::histogram::Histogram;
 
 use crate::core::PeerMessage;
-use crate::hotkeys::HotKeys;
 
 /// Upper bounds (seconds) of the lock wait and hold histograms' buckets: 1 ms to about 65 s.
 pub fn lock_buckets() -> impl Iterator<Item = f64> {
     prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
 }
 
-/// See the module docs.
+/// How long locks waited and were held. Every key shard of a node records into the same
+/// histograms (a histogram's clone shares its counts).
 pub struct Activity {
     /// Seconds from a lock call to its admission, for locks that had to wait for a message
     /// (locks admitted at once are counted, not timed: `Counters::locks_immediate`).
@@ -30,20 +31,11 @@ pub struct Activity {
     /// Seconds from admission to unlock or expiry, for client handles (embedded handles are not
     /// timed: their guard holds them without the core keeping an entry).
     pub lock_hold: Histogram,
-    pub messages: MessageCounts,
-    pub hot: HotKeys,
-    pub epochs: EpochLog,
 }
 
 impl Default for Activity {
     fn default() -> Activity {
-        Activity {
-            lock_wait: Histogram::new(lock_buckets()),
-            lock_hold: Histogram::new(lock_buckets()),
-            messages: MessageCounts::default(),
-            hot: HotKeys::default(),
-            epochs: EpochLog::default(),
-        }
+        Activity { lock_wait: Histogram::new(lock_buckets()), lock_hold: Histogram::new(lock_buckets()) }
     }
 }
 
@@ -76,27 +68,37 @@ pub const MESSAGE_KINDS: [&str; 17] = [
 /// The index of `message`'s kind in [`MESSAGE_KINDS`].
 fn kind_of(message: &PeerMessage) -> usize {
     match message {
-        PeerMessage::Epoch(m) => match m.body {
-            EBody::Prepare { .. } => 0,
-            EBody::Accept { .. } => 1,
-            EBody::Vote { .. } => 2,
-            EBody::Chosen(_) => 3,
-            EBody::CatchUp => 4,
-            EBody::LeaseRequest { .. } => 5,
-            EBody::LeaseGrant { .. } => 6,
-        },
-        PeerMessage::Delegation(m) => match m.body {
-            DBody::Request { .. } => 7,
-            DBody::Grant { .. } => 8,
-            DBody::Refuse { .. } => 9,
-            DBody::Recall { .. } => 10,
-            DBody::Release { .. } => 11,
-            DBody::Check { .. } => 12,
-            DBody::Probe { .. } => 13,
-            DBody::CheckReply { .. } => 14,
-            DBody::Handover { .. } => 15,
-            DBody::HandoverAck { .. } => 16,
-        },
+        PeerMessage::Epoch(m) => epoch_kind(m),
+        PeerMessage::Delegation(m) => delegation_kind(m),
+    }
+}
+
+/// The index of an epoch message's kind in [`MESSAGE_KINDS`].
+pub fn epoch_kind(message: &EpochMessage) -> usize {
+    match message.body {
+        EBody::Prepare { .. } => 0,
+        EBody::Accept { .. } => 1,
+        EBody::Vote { .. } => 2,
+        EBody::Chosen(_) => 3,
+        EBody::CatchUp => 4,
+        EBody::LeaseRequest { .. } => 5,
+        EBody::LeaseGrant { .. } => 6,
+    }
+}
+
+/// The index of a delegation message's kind in [`MESSAGE_KINDS`].
+pub fn delegation_kind(message: &DMessage) -> usize {
+    match message.body {
+        DBody::Request { .. } => 7,
+        DBody::Grant { .. } => 8,
+        DBody::Refuse { .. } => 9,
+        DBody::Recall { .. } => 10,
+        DBody::Release { .. } => 11,
+        DBody::Check { .. } => 12,
+        DBody::Probe { .. } => 13,
+        DBody::CheckReply { .. } => 14,
+        DBody::Handover { .. } => 15,
+        DBody::HandoverAck { .. } => 16,
     }
 }
 
@@ -114,8 +116,14 @@ impl MessageCounts {
         self.sent[kind_of(message)] += 1;
     }
 
-    pub fn received(&mut self, message: &PeerMessage) {
-        self.received[kind_of(message)] += 1;
+    /// Adds `other`'s counts (another part of the node).
+    pub fn add(&mut self, other: &MessageCounts) {
+        for (sum, n) in self.sent.iter_mut().zip(other.sent) {
+            *sum += n;
+        }
+        for (sum, n) in self.received.iter_mut().zip(other.received) {
+            *sum += n;
+        }
     }
 }
 

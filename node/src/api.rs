@@ -261,11 +261,10 @@ pub(crate) async fn answer(
             lock_answer(shared, owner, &key, ttl, wait).await
         }
         Request::Renew { handle, ttl } => {
-            let valid_for = shared.with_core(|d, now| {
-                let h = d.core.claim(handle, owner).map_err(claim_error)?;
-                let ppm = d.core.current().timing.clock_rate_ppm;
-                d.core
-                    .renew(now, h, ttl)
+            let ppm = shared.core.current().timing.clock_rate_ppm;
+            let valid_for = shared.with_core(|core, now, out| {
+                let h = core.claim(handle, owner).map_err(claim_error)?;
+                core.renew(now, h, ttl, out)
                     .map(|deadline| rate_shrink(deadline.saturating_duration_since(now), ppm))
                     .map_err(lock_error)
             })?;
@@ -278,13 +277,7 @@ pub(crate) async fn answer(
         Request::Check { key, token } => {
             check_key(shared, &key)?;
             let (tx, rx) = oneshot::channel();
-            shared
-                .with_core(|d, now| {
-                    let id = d.core.check(now, key, token, CHECK_TIMEOUT)?;
-                    d.checks.insert(id, tx);
-                    Ok(())
-                })
-                .map_err(lock_error)?;
+            shared.check_call(key, token, CHECK_TIMEOUT, tx).map_err(lock_error)?;
             match rx.await {
                 Ok(Some(Ok(answer))) => Ok(Response::Checked { answer }),
                 Ok(Some(Err(refusal))) => Err(lock_error(LockError::Refused(refusal))),
@@ -295,9 +288,7 @@ pub(crate) async fn answer(
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),
-        Request::EpochShow => {
-            Ok(Response::Epoch(Box::new(shared.with_core(|d, _| d.core.current().clone()))))
-        }
+        Request::EpochShow => Ok(Response::Epoch(Box::new(shared.core.current()))),
         Request::Propose(change) => {
             if *role != Role::Operator {
                 return Err(ApiError::new(
@@ -309,13 +300,7 @@ pub(crate) async fn answer(
                 crate::addr::check(&m.addr).map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
             }
             let (tx, rx) = oneshot::channel();
-            shared
-                .with_core(|d, now| {
-                    d.core.propose(now, change)?;
-                    d.proposal = Some(tx);
-                    Ok(())
-                })
-                .map_err(|e: keyhome_epoch::ProposeError| ApiError::new(ErrorKind::Epoch, e.to_string()))?;
+            shared.propose_call(change, tx).map_err(|e| ApiError::new(ErrorKind::Epoch, e.to_string()))?;
             match tokio::time::timeout(PROPOSE_TIMEOUT, rx).await {
                 Ok(Ok(Ok(epoch))) => Ok(Response::Proposed { epoch }),
                 Ok(Ok(Err(e))) => Err(ApiError::new(ErrorKind::Epoch, e.to_string())),
@@ -328,9 +313,9 @@ pub(crate) async fn answer(
             if *role != Role::Operator {
                 return Err(ApiError::new(ErrorKind::Forbidden, "recovery needs an operator certificate"));
             }
-            let epoch = shared.with_core(|d, now| {
+            let epoch = shared.with_core(|core, now, out| {
                 let mut left_out: Vec<_> =
-                    d.core.current().member_ids().filter(|id| !members.iter().any(|m| m.id == *id)).collect();
+                    core.current().member_ids().filter(|id| !members.iter().any(|m| m.id == *id)).collect();
                 let mut confirmed = stopped.clone();
                 left_out.sort();
                 confirmed.sort();
@@ -348,8 +333,7 @@ pub(crate) async fn answer(
                         ),
                     ));
                 }
-                d.core
-                    .recover_unsafe(now, members, skip)
+                core.recover_unsafe(now, members, skip, out)
                     .map_err(|e| ApiError::new(ErrorKind::Epoch, e.to_string()))
             })?;
             tracing::warn!(epoch, "UNSAFE recovery installed a new epoch without agreement");
@@ -387,7 +371,7 @@ async fn lock_answer(
     let handle =
         crate::runtime::lock_key(shared, key, ttl, wait, Owner::Client(owner)).await.map_err(lock_error)?;
     let now = shared.clock.now();
-    let ppm = shared.with_core(|d, _| d.core.current().timing.clock_rate_ppm);
+    let ppm = shared.core.current().timing.clock_rate_ppm;
     Ok(Response::Locked(locked(&handle, now, ppm)))
 }
 
@@ -397,9 +381,9 @@ fn unlock_handle(
     handle: u64,
     note: Option<Vec<u8>>,
 ) -> Result<(), ApiError> {
-    shared.with_core(|d, now| {
-        let h = d.core.claim(handle, owner).map_err(claim_error)?;
-        d.core.unlock(now, h, note).map_err(lock_error)
+    shared.with_core(|core, now, out| {
+        let h = core.claim(handle, owner).map_err(claim_error)?;
+        core.unlock(now, h, note, out).map_err(lock_error)
     })
 }
 

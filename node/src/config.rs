@@ -104,6 +104,12 @@ pub struct NodeConfig {
     /// default). Nodes that share a host should split its cores between them. [0]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub worker_threads: usize,
+    /// Key shards of the node's core: each is the home and holder of the keys that hash to it,
+    /// behind its own lock, so calls about keys of different shards run on different threads at
+    /// once (at most 64). 0: `worker_threads`, or one per core (at most 16) when that is 0 too.
+    /// [0]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub shards: usize,
     /// Caps against hostile load (docs/operations.md, "Limits and hostile load").
     #[serde(default, skip_serializing_if = "crate::admission::Limits::is_default")]
     pub limits: crate::admission::Limits,
@@ -292,6 +298,12 @@ impl Default for LockSettings {
 }
 
 impl NodeConfig {
+    /// How many key shards the node runs (see [`NodeConfig::shards`]).
+    pub fn shard_count(&self) -> usize {
+        let chosen = if self.shards > 0 { self.shards } else { self.worker_threads };
+        if chosen > 0 { chosen.min(crate::core::MAX_SHARDS) } else { crate::core::default_shards() }
+    }
+
     /// Reads `path` and resolves its relative paths against the file's directory.
     pub fn load(path: &Path) -> Result<NodeConfig, ConfigError> {
         let mut config: NodeConfig = read_toml(path)?;
@@ -513,6 +525,7 @@ mod tests {
             http: None,
             local: None,
             worker_threads: 0,
+            shards: 0,
             limits: Default::default(),
         };
         assert!(config("127.0.0.1:7100").check_listen(&epoch).is_ok());

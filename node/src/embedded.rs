@@ -1,6 +1,8 @@
 //! Embedded mode: a Rust program runs a [`Node`] in-process and locks through it directly, with
-//! no loopback hop. A lock whose key's delegation this node holds is admitted under one mutex,
-//! without any message or await.
+//! no loopback hop. A lock whose key's delegation this node holds is admitted under its key
+//! shard's mutex alone, without any message or await; threads locking keys of different shards
+//! share no lock and no written cache line (the guard borrows its node instead of counting a
+//! reference to it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,13 +28,15 @@ impl Node {
     /// Locks `key` for `ttl` if that needs no message (this node holds the key's delegation and
     /// nobody holds the key locally); otherwise fails with [`LockError::WouldBlock`] and asks the
     /// key's home for the delegation in the background.
-    pub fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<LockGuard, LockError> {
-        let handle = self.shared.with_core(|d, now| d.core.try_lock(now, key, ttl, Owner::Embedded))?;
+    #[inline]
+    pub fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<LockGuard<'_>, LockError> {
+        let handle =
+            self.shared.with_core(|core, now, out| core.try_lock(now, key, ttl, Owner::Embedded, out))?;
         Ok(LockGuard::new(&self.shared, handle))
     }
 
     /// Locks `key` for `ttl`, waiting at most `wait` for it.
-    pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<LockGuard, LockError> {
+    pub async fn lock(&self, key: &[u8], ttl: Duration, wait: Duration) -> Result<LockGuard<'_>, LockError> {
         let handle = crate::runtime::lock_key(&self.shared, key, ttl, wait, Owner::Embedded).await?;
         Ok(LockGuard::new(&self.shared, handle))
     }
@@ -46,11 +50,7 @@ impl Node {
         timeout: Duration,
     ) -> Result<CheckAnswer, CheckError> {
         let (tx, rx) = oneshot::channel();
-        self.shared.with_core(|d, now| {
-            let id = d.core.check(now, key.to_vec(), token, timeout)?;
-            d.checks.insert(id, tx);
-            Ok::<_, LockError>(())
-        })?;
+        self.shared.check_call(key.to_vec(), token, timeout, tx)?;
         match rx.await {
             Ok(Some(Ok(answer))) => Ok(answer),
             Ok(Some(Err(refusal))) => Err(CheckError::Lock(LockError::Refused(refusal))),
@@ -61,12 +61,14 @@ impl Node {
     /// Proposes a membership change through this node; resolves with the epoch that includes it.
     pub async fn propose(&self, change: Change) -> Result<u64, ProposeError> {
         let (tx, rx) = oneshot::channel();
-        self.shared.with_core(|d, now| {
-            d.core.propose(now, change)?;
-            d.proposal = Some(tx);
-            Ok::<_, ProposeError>(())
-        })?;
+        self.shared.propose_call(change, tx)?;
         rx.await.unwrap_or(Err(ProposeError::Removed))
+    }
+
+    /// The key shard `key` belongs to on this node (0 to the shard count, exclusive): keys of
+    /// different shards lock on different threads without sharing a lock.
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        self.shared.core.shard_index(key)
     }
 
     /// This node's status.
@@ -76,14 +78,15 @@ impl Node {
 
     /// The current epoch.
     pub fn epoch(&self) -> keyhome_epoch::EpochRecord {
-        self.shared.with_core(|d, _| d.core.current().clone())
+        self.shared.core.current()
     }
 }
 
-/// A held lock. Dropping it unlocks (without a note); [`LockGuard::unlock`] leaves one.
+/// A held lock, borrowing its node. Dropping it unlocks (without a note); [`LockGuard::unlock`]
+/// leaves one.
 #[must_use = "dropping the guard unlocks at once"]
-pub struct LockGuard {
-    shared: Arc<Shared>,
+pub struct LockGuard<'a> {
+    shared: &'a Arc<Shared>,
     handle: HandleId,
     token: FencingToken,
     deadline: Instant,
@@ -92,10 +95,11 @@ pub struct LockGuard {
     done: bool,
 }
 
-impl LockGuard {
-    fn new(shared: &Arc<Shared>, handle: keyhome_delegation::Handle) -> LockGuard {
+impl<'a> LockGuard<'a> {
+    #[inline]
+    fn new(shared: &'a Arc<Shared>, handle: keyhome_delegation::Handle) -> LockGuard<'a> {
         LockGuard {
-            shared: Arc::clone(shared),
+            shared,
             handle: handle.id,
             token: handle.token,
             deadline: handle.deadline,
@@ -129,14 +133,13 @@ impl LockGuard {
     /// Whether another node wants the key: the lock stays valid for [`LockGuard::valid_for`],
     /// renewals no longer extend it, and the holder should unlock as soon as it can.
     pub fn recalled(&self) -> bool {
-        let handle = self.handle;
-        self.shared.with_core(|d, now| d.core.recalled(now, handle))
+        self.shared.core.recalled(self.shared.clock.now(), self.handle)
     }
 
     /// Extends the lock to `ttl` from now (bounded by its delegation); returns the time left.
     pub fn renew(&mut self, ttl: Duration) -> Result<Duration, LockError> {
         let handle = self.handle;
-        let deadline = self.shared.with_core(|d, now| d.core.renew(now, handle, ttl))?;
+        let deadline = self.shared.with_core(|core, now, out| core.renew(now, handle, ttl, out))?;
         self.deadline = deadline;
         Ok(self.valid_for())
     }
@@ -145,15 +148,16 @@ impl LockGuard {
     pub fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), LockError> {
         self.done = true;
         let handle = self.handle;
-        self.shared.with_core(|d, now| d.core.unlock(now, handle, note))
+        self.shared.with_core(|core, now, out| core.unlock(now, handle, note, out))
     }
 }
 
-impl Drop for LockGuard {
+impl Drop for LockGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         if !self.done {
             let handle = self.handle;
-            let _ = self.shared.with_core(|d, now| d.core.unlock(now, handle, None));
+            let _ = self.shared.with_core(|core, now, out| core.unlock(now, handle, None, out));
         }
     }
 }

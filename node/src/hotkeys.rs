@@ -24,7 +24,8 @@ pub struct Heat {
 }
 
 impl Heat {
-    fn score(&self) -> u64 {
+    /// How hot: waits and recalls together.
+    pub fn score(&self) -> u64 {
         self.waits.saturating_add(self.recalls)
     }
 }

@@ -88,19 +88,20 @@ pub struct Sample {
 pub(crate) async fn sample_loop(shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     loop {
-        let sample = shared.read_core(|core, now| {
-            let c = core.counters();
+        let sample = {
+            let core = &shared.core;
+            let (c, totals) = (core.counters(), core.totals());
             Sample {
-                at: now,
+                at: shared.clock.now(),
                 locks: c.locks,
                 locks_immediate: c.locks_immediate,
                 peer_sent: c.peer_sent,
                 peer_dropped: c.peer_dropped,
-                delegations_held: core.holder().tracked_keys(),
-                delegations_homed: core.home().delegations(),
-                pending_locks: core.waiting().count(),
+                delegations_held: totals.held,
+                delegations_homed: totals.homed,
+                pending_locks: totals.pending_locks,
             }
-        });
+        };
         shared.metrics.push(sample);
         tokio::select! {
             _ = tokio::time::sleep(SAMPLE_EVERY) => {}
@@ -131,21 +132,22 @@ impl Snapshot {
     pub fn of(core: &Core, now: Instant) -> Snapshot {
         let current = core.current();
         let activity = core.activity();
+        let totals = core.totals();
         Snapshot {
             counters: core.counters(),
-            home: core.home().counters(),
-            messages: activity.messages,
+            home: core.home_counters(),
+            messages: core.messages(),
             lock_wait: activity.lock_wait.clone(),
             lock_hold: activity.lock_hold.clone(),
             epoch: current.number,
             member: current.is_member(core.id()),
             members: current.member_ids().map(|m| m.0).collect(),
             home_lease_left: core.epoch().lease_until(now).map(|until| until.saturating_duration_since(now)),
-            quarantine_left: core.home().quarantine_end(&current.timing).saturating_duration_since(now),
-            delegations_held: core.holder().tracked_keys(),
-            delegations_homed: core.home().delegations(),
-            lock_delay_keys: core.home().keys_in_lock_delay(),
-            pending_locks: core.waiting().count(),
+            quarantine_left: core.quarantine_end(&current.timing).saturating_duration_since(now),
+            delegations_held: totals.held,
+            delegations_homed: totals.homed,
+            lock_delay_keys: totals.lock_delay_keys,
+            pending_locks: totals.pending_locks,
         }
     }
 }
@@ -159,7 +161,7 @@ pub struct Live {
 
 /// The node's metrics as OpenMetrics text ([`CONTENT_TYPE`]).
 pub(crate) fn encode(shared: &Arc<Shared>) -> Result<String, fmt::Error> {
-    let snapshot = shared.read_core(Snapshot::of);
+    let snapshot = Snapshot::of(&shared.core, shared.clock.now());
     let peers = snapshot
         .members
         .iter()

@@ -3,13 +3,14 @@
 //!
 //! # Threads and locks
 //!
-//! The core lives behind one mutex. Every input (a peer frame, a client request, an embedded
-//! call, a timer, a finished write) takes the lock, calls into the core with a fresh reading of
-//! the [`BootClock`], and, before releasing it, carries out every [`Output`] the core produced:
-//! frames go to the links (by `try_send` into each peer's bounded queue), writes to the
-//! persistence thread (in the order the core produced them), outcomes to the callers waiting for
-//! them. Nothing under the lock waits for I/O. This is the only glue the simulation does not run:
-//! it replaces exactly these sockets, disks and clocks.
+//! The core locks its own parts (its membership and each key shard: see [`crate::core`]). Every
+//! input (a peer frame, a client request, an embedded call, a timer, a finished write) calls into
+//! the core with a fresh reading of the [`BootClock`] and a [`Carrier`], which carries out every
+//! [`Output`] under the lock of the part that produced it: frames go to the links (by `try_send`
+//! into each peer's bounded queue), writes to the persistence thread (in the order the core
+//! produced them), outcomes to the callers waiting for them ([`Replies`]). Nothing under a lock
+//! waits for I/O. This is the only glue the simulation does not run: it replaces exactly these
+//! sockets, disks and clocks.
 //!
 //! # Fail-stop
 //!
@@ -34,7 +35,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keyhome_delegation::{Handle, HolderConfig, HomeConfig, LockError, Ticket};
@@ -45,7 +46,8 @@ use tokio::sync::{Notify, mpsc, oneshot, watch};
 use crate::admission::{Admission, Incident, Limits, Verdict};
 use crate::clock::{BootClock, MAX_SLEEP};
 use crate::config::{ConfigError, GenesisFile, NodeConfig};
-use crate::core::{Core, Output};
+pub(crate) use crate::core::lock;
+use crate::core::{Core, Output, Sink};
 use crate::pki::{self, Identity, Role};
 use crate::store::{RedbStore, StoreError};
 use crate::wire::{self, CloseCode, MAX_PEER_FRAME, PeerFrame};
@@ -98,22 +100,157 @@ struct PersistJob {
     writes: Vec<Write>,
 }
 
-/// The core and the callers waiting for its outcomes, behind one mutex.
-pub(crate) struct Driven {
-    pub core: Core,
+/// Where the answer to a token check goes.
+pub(crate) type CheckSender = oneshot::Sender<Option<crate::core::CheckReply>>;
+/// Where the outcome of an operator change goes.
+pub(crate) type ProposalReply = oneshot::Sender<Result<u64, ProposeError>>;
+
+/// The callers waiting for the core's outcomes. A caller's entry goes in under the lock of the
+/// core's part that will decide it ([`Sink::lock_pending`] and its kin), so no outcome can come
+/// before it.
+#[derive(Default)]
+pub(crate) struct Replies {
     /// Pending locks' callers, by ticket.
-    pub replies: HashMap<Ticket, LockReply>,
+    locks: HashMap<Ticket, LockReply>,
     /// Pending token checks' callers, by check id.
-    pub checks: HashMap<u64, oneshot::Sender<Option<crate::core::CheckReply>>>,
+    checks: HashMap<u64, CheckSender>,
     /// The caller of the operator change in progress.
-    pub proposal: Option<oneshot::Sender<Result<u64, ProposeError>>>,
+    proposal: Option<ProposalReply>,
+}
+
+/// One call's [`Sink`]: carries out the core's outputs as they come (see the module docs), and
+/// what must wait until no part of the core is locked when the call is over.
+pub(crate) struct Carrier<'a> {
+    shared: &'a Arc<Shared>,
+    now: Instant,
+    /// The caller's reply, for the call that may leave something pending.
+    pub lock_reply: Option<LockReply>,
+    pub check_reply: Option<CheckSender>,
+    pub proposal_reply: Option<ProposalReply>,
+    /// Notices for client sessions, handed over once the call is over.
+    notices: Vec<(crate::core::ClientOwner, keyhome_delegation::HandleId, Vec<u8>, crate::core::Notice)>,
+    /// Handles admitted for callers that gave up meanwhile: unlocked once the call is over.
+    unclaimed: Vec<Handle>,
+    /// A part is due before the timer task planned to wake.
+    wake: bool,
+    /// The persistence thread is gone: the core fails once the call is over.
+    failed: bool,
+}
+
+impl Sink for Carrier<'_> {
+    fn output(&mut self, output: Output) {
+        let shared = self.shared;
+        match output {
+            Output::Transmit { to, message } => {
+                let mut links = lock(&shared.links);
+                let link = links.entry(to).or_insert_with(|| shared.spawn_link(to));
+                if link.tx.try_send(message.into()).is_err() {
+                    shared.core.count_dropped(1);
+                }
+            }
+            Output::Persist { number, writes } => {
+                if shared.persist.send(PersistJob { number, writes }).is_err() {
+                    self.failed = true;
+                }
+            }
+            Output::LockDone { ticket, result } => {
+                let reply = lock(&shared.replies).locks.remove(&ticket);
+                let unclaimed = match reply {
+                    Some(reply) => reply.send(result).err(),
+                    None => Some(result),
+                };
+                // The caller gave up meanwhile: nothing was done under the handle, so it is
+                // unlocked at once and passes its note on.
+                if let Some(Ok(handle)) = unclaimed {
+                    self.unclaimed.push(handle);
+                }
+            }
+            Output::CheckDone { id, answer } => {
+                if let Some(reply) = lock(&shared.replies).checks.remove(&id) {
+                    let _ = reply.send(answer);
+                }
+            }
+            Output::ProposalDone { result } => {
+                if let Some(reply) = lock(&shared.replies).proposal.take() {
+                    let _ = reply.send(result);
+                }
+            }
+            Output::EpochLearned { members, .. } => {
+                lock(&shared.links).retain(|id, _| members.contains(id));
+            }
+            Output::Observed { .. } => {}
+            Output::Notice { owner, handle, key, notice } => self.notices.push((owner, handle, key, notice)),
+        }
+    }
+
+    fn lock_pending(&mut self, ticket: Ticket) {
+        if let Some(reply) = self.lock_reply.take() {
+            lock(&self.shared.replies).locks.insert(ticket, reply);
+        }
+    }
+
+    fn check_pending(&mut self, id: u64) {
+        if let Some(reply) = self.check_reply.take() {
+            lock(&self.shared.replies).checks.insert(id, reply);
+        }
+    }
+
+    fn proposal_pending(&mut self) {
+        if let Some(reply) = self.proposal_reply.take() {
+            lock(&self.shared.replies).proposal = Some(reply);
+        }
+    }
+
+    #[inline]
+    fn due(&mut self, at: Option<Instant>) {
+        if at.is_some_and(|at| at.as_nanos() < self.shared.planned.load(Ordering::Acquire)) {
+            self.wake = true;
+        }
+    }
+}
+
+impl<'a> Carrier<'a> {
+    fn new(shared: &'a Arc<Shared>, now: Instant) -> Carrier<'a> {
+        Carrier {
+            shared,
+            now,
+            lock_reply: None,
+            check_reply: None,
+            proposal_reply: None,
+            notices: Vec::new(),
+            unclaimed: Vec::new(),
+            wake: false,
+            failed: false,
+        }
+    }
+
+    /// What waits until the call is over: unlocking handles nobody claimed, failing the core,
+    /// waking the timer task, telling the sessions.
+    #[inline]
+    fn finish(mut self) {
+        let shared = self.shared;
+        while let Some(handle) = self.unclaimed.pop() {
+            let _ = shared.core.unlock(self.now, handle.id, handle.note, &mut self);
+        }
+        if self.failed {
+            shared.core.fail();
+        }
+        if self.wake {
+            shared.timer.notify_one();
+        }
+        if !self.notices.is_empty() {
+            shared.api.report(&shared.clock, std::mem::take(&mut self.notices));
+        }
+    }
 }
 
 /// Everything the runtime's tasks share.
 pub(crate) struct Shared {
     pub id: NodeId,
     pub clock: BootClock,
-    core: Mutex<Driven>,
+    pub core: Core,
+    /// The callers waiting for the core's outcomes.
+    replies: Mutex<Replies>,
     /// Wakes the timer task when an input made the next deadline earlier than it planned for.
     timer: Notify,
     /// The instant (nanos) the timer task will wake at; `u64::MAX` while it computes.
@@ -234,15 +371,16 @@ impl Node {
         }
         let epoch = EpochNode::start(epoch_config, durable, now);
         let max_key_len = holder.limits.max_key_len;
-        let mut core = Core::new(epoch, home, holder, now);
+        let mut outputs = std::collections::VecDeque::new();
+        let core = Core::new(epoch, home, holder, config.shard_count(), now, &mut outputs);
         // The incarnation (and anything else the start wrote) is durable before the port opens;
         // what else the start produced is carried out by the first `with_core` below.
         let mut early = Vec::new();
-        while let Some(output) = core.poll_output() {
+        while let Some(output) = outputs.pop_front() {
             match output {
                 Output::Persist { number, writes } => {
                     store.commit(&writes)?;
-                    core.persisted(clock.now(), number);
+                    core.persisted(clock.now(), number, &mut outputs);
                 }
                 other => early.push(other),
             }
@@ -266,12 +404,8 @@ impl Node {
         let shared = Arc::new(Shared {
             id,
             clock,
-            core: Mutex::new(Driven {
-                core,
-                replies: HashMap::new(),
-                checks: HashMap::new(),
-                proposal: None,
-            }),
+            core,
+            replies: Mutex::new(Replies::default()),
             timer: Notify::new(),
             planned: AtomicU64::new(u64::MAX),
             links: Mutex::new(HashMap::new()),
@@ -312,11 +446,11 @@ impl Node {
         if let Some(listener) = local {
             tokio::spawn(crate::local::accept_loop(Arc::clone(&shared), listener));
         }
-        shared.with_core(|d, now| {
+        shared.with_core(|core, now, out| {
             for output in early {
-                shared.carry_out(d, now, output);
+                out.output(output);
             }
-            d.core.handle_timeout(now)
+            core.handle_timeout(now, out)
         });
         let http_addr = http.and_then(|http| {
             let addr = http.tcp_addr();
@@ -365,11 +499,9 @@ impl Node {
     /// their delegations expire at their homes).
     pub async fn shutdown(mut self, drain: Duration) {
         let shared = Arc::clone(&self.shared);
-        shared.with_core(|d, now| d.core.shutdown(now));
+        shared.with_core(|core, now, out| core.shutdown(now, out));
         let deadline = tokio::time::Instant::now() + drain;
-        while tokio::time::Instant::now() < deadline
-            && (shared.with_core(|d, _| d.core.has_handles()) || !shared.links_idle())
-        {
+        while tokio::time::Instant::now() < deadline && (shared.core.has_handles() || !shared.links_idle()) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         tokio::time::sleep(Duration::from_millis(20).min(drain)).await;
@@ -413,100 +545,57 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
     Ok(RedbStore::create(&path, &genesis, config.node_id())?)
 }
 
-/// Locks a mutex. A poisoned one means a thread panicked while holding it: the node is
-/// fail-stop, so it stops rather than run on with state a panic may have left half-changed.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(guard) => guard,
-        Err(_) => {
-            eprintln!("keyhome: a thread panicked while holding node state; stopping (fail-stop)");
-            std::process::abort()
-        }
-    }
-}
-
 impl Shared {
-    /// Runs `f` on the core at the current instant, then carries out everything the core
-    /// produced (see the module docs). Notices for clients are handed to the sessions after the
-    /// lock is released.
-    pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&mut Driven, Instant) -> R) -> R {
-        let mut driven = lock(&self.core);
-        let d = &mut *driven;
+    /// Runs `f` on the core at the current instant with a [`Carrier`] for what it produces (see
+    /// the module docs); notices for clients are handed to the sessions once the call is over.
+    #[inline]
+    pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&Core, Instant, &mut Carrier<'_>) -> R) -> R {
         let now = self.clock.now();
-        let result = f(d, now);
-        let mut notices = Vec::new();
-        while let Some(output) = d.core.poll_output() {
-            match output {
-                Output::Notice { owner, handle, key, notice } => notices.push((owner, handle, key, notice)),
-                other => self.carry_out(d, now, other),
-            }
-        }
-        if let Some(next) = d.core.poll_timeout()
-            && next.as_nanos() < self.planned.load(Ordering::Acquire)
-        {
-            self.timer.notify_one();
-        }
-        drop(driven);
-        if !notices.is_empty() {
-            self.api.report(&self.clock, notices);
-        }
+        let mut carrier = Carrier::new(self, now);
+        let result = f(&self.core, now, &mut carrier);
+        carrier.finish();
         result
     }
 
-    /// Runs `f` on the core at the current instant, for reading only (nothing the core could
-    /// produce is carried out, so `f` must not call into it).
-    pub(crate) fn read_core<R>(&self, f: impl FnOnce(&Core, Instant) -> R) -> R {
-        let driven = lock(&self.core);
-        f(&driven.core, self.clock.now())
+    /// Locks `key` for `owner`; `reply` gets the outcome if the lock is left pending.
+    pub(crate) fn lock_call(
+        self: &Arc<Self>,
+        key: &[u8],
+        ttl: Duration,
+        wait: Duration,
+        owner: crate::core::Owner,
+        reply: LockReply,
+    ) -> Result<keyhome_delegation::LockOutcome, LockError> {
+        self.with_core(|core, now, out| {
+            out.lock_reply = Some(reply);
+            core.lock(now, key, ttl, wait, owner, out)
+        })
     }
 
-    /// Carries out one output of the core (under the core's lock).
-    fn carry_out(self: &Arc<Self>, d: &mut Driven, now: Instant, output: Output) {
-        match output {
-            Output::Transmit { to, message } => {
-                let mut links = lock(&self.links);
-                let link = links.entry(to).or_insert_with(|| self.spawn_link(to));
-                if link.tx.try_send(message.into()).is_err() {
-                    d.core.count_dropped(1);
-                }
-            }
-            Output::Persist { number, writes } => {
-                if self.persist.send(PersistJob { number, writes }).is_err() {
-                    d.core.fail();
-                }
-            }
-            Output::LockDone { ticket, result } => {
-                let unclaimed = match d.replies.remove(&ticket) {
-                    Some(reply) => reply.send(result).err(),
-                    None => Some(result),
-                };
-                // The caller gave up meanwhile: nothing was done under the handle, so it is
-                // unlocked at once and passes its note on.
-                if let Some(Ok(handle)) = unclaimed {
-                    let _ = d.core.unlock(now, handle.id, handle.note);
-                }
-            }
-            Output::CheckDone { id, answer } => {
-                if let Some(reply) = d.checks.remove(&id) {
-                    let _ = reply.send(answer);
-                }
-            }
-            Output::ProposalDone { result } => {
-                if let Some(reply) = d.proposal.take() {
-                    let _ = reply.send(result);
-                }
-            }
-            Output::EpochLearned { .. } => self.retire_links(&d.core),
-            Output::Observed { .. } => {}
-            Output::Notice { owner, handle, key, notice } => {
-                self.api.report(&self.clock, [(owner, handle, key, notice)]);
-            }
-        }
+    /// Starts a token check; `reply` gets the answer.
+    pub(crate) fn check_call(
+        self: &Arc<Self>,
+        key: Vec<u8>,
+        token: keyhome_delegation::FencingToken,
+        timeout: Duration,
+        reply: CheckSender,
+    ) -> Result<u64, LockError> {
+        self.with_core(|core, now, out| {
+            out.check_reply = Some(reply);
+            core.check(now, key, token, timeout, out)
+        })
     }
 
-    /// Ends the links to nodes the current epoch no longer names.
-    fn retire_links(&self, core: &Core) {
-        lock(&self.links).retain(|id, _| core.addr_of(*id).is_some());
+    /// Starts an operator change; `reply` gets its outcome.
+    pub(crate) fn propose_call(
+        self: &Arc<Self>,
+        change: keyhome_epoch::Change,
+        reply: ProposalReply,
+    ) -> Result<(), ProposeError> {
+        self.with_core(|core, now, out| {
+            out.proposal_reply = Some(reply);
+            core.propose(now, change, out)
+        })
     }
 
     fn spawn_link(self: &Arc<Self>, peer: NodeId) -> Link {
@@ -537,7 +626,7 @@ impl Shared {
 
     /// The node's status, for `keyhome status`.
     pub fn status(self: &Arc<Self>) -> crate::status::Status {
-        let mut status = self.with_core(|d, now| d.core.status(now));
+        let mut status = self.core.status(self.clock.now());
         let now = self.clock.now();
         let links = lock(&self.links);
         for m in status.members.iter_mut().filter(|m| m.id != self.id.0) {
@@ -555,7 +644,7 @@ impl Shared {
     }
 
     fn hello(&self) -> PeerFrame {
-        let epoch = lock(&self.core).core.current().number;
+        let epoch = self.core.current().number;
         PeerFrame::Hello { genesis_digest: self.genesis_digest, ring_version: ROUTING_VERSION, epoch }
     }
 }
@@ -570,13 +659,7 @@ pub(crate) async fn lock_key(
     owner: crate::core::Owner,
 ) -> Result<Handle, LockError> {
     let (tx, rx) = oneshot::channel();
-    let outcome = shared.with_core(|d, now| {
-        let outcome = d.core.lock(now, key, ttl, wait, owner)?;
-        if let keyhome_delegation::LockOutcome::Pending(ticket) = outcome {
-            d.replies.insert(ticket, tx);
-        }
-        Ok::<_, LockError>(outcome)
-    })?;
+    let outcome = shared.lock_call(key, ttl, wait, owner, tx)?;
     let ticket = match outcome {
         keyhome_delegation::LockOutcome::Locked(handle) => return Ok(handle),
         keyhome_delegation::LockOutcome::Pending(ticket) => ticket,
@@ -591,15 +674,13 @@ pub(crate) async fn lock_key(
             let Some(mut reply) = self.reply.take() else { return };
             reply.close();
             let admitted = reply.try_recv();
-            self.shared.with_core(|d, now| {
-                d.replies.remove(&self.ticket);
-                match admitted {
-                    Ok(Ok(handle)) => {
-                        let _ = d.core.unlock(now, handle.id, handle.note);
-                    }
-                    _ => {
-                        d.core.cancel(now, self.ticket);
-                    }
+            lock(&self.shared.replies).locks.remove(&self.ticket);
+            self.shared.with_core(|core, now, out| match admitted {
+                Ok(Ok(handle)) => {
+                    let _ = core.unlock(now, handle.id, handle.note, out);
+                }
+                _ => {
+                    core.cancel(now, self.ticket, out);
                 }
             });
         }
@@ -636,9 +717,9 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
         let committed = store.commit(&job.writes);
         crate::activity::observe_span(&shared.metrics.fsync, started, shared.clock.now());
         match committed {
-            Ok(()) => shared.with_core(|d, now| d.core.persisted(now, job.number)),
+            Ok(()) => shared.with_core(|core, now, out| core.persisted(now, job.number, out)),
             Err(e) => {
-                shared.with_core(|d, _| d.core.fail());
+                shared.core.fail();
                 shared.stop(Some(format!("a durable write failed, so the node stopped: {e}")));
                 return;
             }
@@ -649,7 +730,7 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
 async fn timer_loop(shared: Arc<Shared>) {
     let mut stop = shared.shutdown.subscribe();
     loop {
-        let next = lock(&shared.core).core.poll_timeout();
+        let next = shared.core.poll_timeout();
         let now = shared.clock.now();
         // Exactly the core's deadline when it is the earlier one, so that an input that leaves
         // that deadline as it is does not wake this task.
@@ -676,11 +757,7 @@ async fn timer_loop(shared: Arc<Shared>) {
         // permit on every round, so the task never slept); an input that runs meanwhile is seen by
         // the `poll_timeout` at the top of the loop, which reads it after `planned` is `u64::MAX`.
         shared.planned.store(0, Ordering::Release);
-        shared.with_core(|d, now| {
-            if d.core.poll_timeout().is_some_and(|t| t <= now) {
-                d.core.handle_timeout(now);
-            }
-        });
+        shared.with_core(|core, now, out| core.handle_timeout(now, out));
         shared.planned.store(u64::MAX, Ordering::Release);
     }
 }
@@ -846,10 +923,7 @@ async fn read_peer_stream(
         Ok(Some(PeerFrame::Hello { genesis_digest, ring_version, epoch })) => {
             // A node no epoch this node learned names may still be ahead of it (a member of a
             // later epoch, telling it about that epoch): it is heard only if it says so.
-            let (known, current) = {
-                let d = lock(&shared.core);
-                (d.core.is_known(peer), d.core.current().number)
-            };
+            let (known, current) = (shared.core.is_known(peer), shared.core.current().number);
             if !known && epoch <= current {
                 return close(
                     CloseCode::NotMember,
@@ -876,7 +950,9 @@ async fn read_peer_stream(
     loop {
         match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
             Ok(Some(frame)) => match frame.into_message() {
-                Some(message) => shared.with_core(|d, now| d.core.handle_message(now, peer, message)),
+                Some(message) => {
+                    shared.with_core(|core, now, out| core.handle_message(now, peer, message, out))
+                }
                 None => return close(CloseCode::BadFrame, "a second Hello on one stream".into()),
             },
             Ok(None) => return,
@@ -905,7 +981,7 @@ async fn run_link(
         }
         // A node removed from the current epoch is still reached at its last address: it must
         // hear of the epoch that removed it (to hand its keys over), and it asks until it does.
-        let addr = lock(&shared.core).core.link_addr(peer).map(str::to_owned);
+        let addr = shared.core.link_addr(peer);
         let Some(addr) = addr else {
             return;
         };
@@ -952,7 +1028,7 @@ async fn run_link(
             dropped += 1;
         }
         if dropped > 0 {
-            shared.with_core(|d, _| d.core.count_dropped(dropped));
+            shared.core.count_dropped(dropped);
         }
         tokio::select! {
             _ = tokio::time::sleep(backoff.next()) => {}

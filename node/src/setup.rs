@@ -249,6 +249,7 @@ pub fn stage_node_config(
         http: Some(HttpConfig::local(loopback(listen.port()))),
         local: host.local,
         worker_threads: host.worker_threads,
+        shards: 0,
         limits: Default::default(),
     };
     let path = dir.join("node.toml");

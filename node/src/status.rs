@@ -63,6 +63,21 @@ pub struct Counters {
     pub duplicate_id_connections: u64,
 }
 
+impl Counters {
+    /// Adds the fields a part of the core counts (messages and locks) from `other`: how a node's
+    /// membership and key shards make one set of counters. The runtime fills in the rest.
+    pub fn add_core(&mut self, other: &Counters) {
+        self.peer_sent += other.peer_sent;
+        self.peer_received += other.peer_received;
+        self.peer_dropped += other.peer_dropped;
+        self.local_delivered += other.local_delivered;
+        self.locks += other.locks;
+        self.locks_immediate += other.locks_immediate;
+        self.delegation_sent += other.delegation_sent;
+        self.delegation_received += other.delegation_received;
+    }
+}
+
 /// One node's status. Durations are measured from the moment the node answered.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Status {

@@ -9,6 +9,7 @@
 //! crash loses the process and every write not yet synced. Only the network, the disks and the
 //! clocks are simulated.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome::core::{Core, Output, PeerMessage};
@@ -46,6 +47,8 @@ struct Slot {
     /// Synced state: what survives a crash.
     durable: Durable,
     core: Option<Core>,
+    /// What the core produced and the world has not carried out yet, in order.
+    out: VecDeque<Output>,
     /// Counts process starts, so events for an earlier run are ignored.
     run: u64,
     /// Writes handed to the disk and not yet synced.
@@ -109,6 +112,7 @@ impl World {
                 clock: Clock::new(rng.range(0, 1 << 50), rng.range(0, 2 * bound as u64) as i64 - bound),
                 durable: Durable::genesis(genesis.clone()),
                 core: None,
+                out: VecDeque::new(),
                 run: 0,
                 disk: Disk::default(),
                 timer_generation: 0,
@@ -182,8 +186,9 @@ impl World {
                     return;
                 }
                 let now = self.local(t);
-                let Some(core) = self.slots[t].core.as_mut() else { return };
-                core.handle_message(now, from, PeerMessage::Epoch(message));
+                let slot = &mut self.slots[t];
+                let Some(core) = slot.core.as_ref() else { return };
+                core.handle_message(now, from, PeerMessage::Epoch(message), &mut slot.out);
                 self.after_input(t);
             }
             Ev::Timer { node, generation } => {
@@ -191,8 +196,9 @@ impl World {
                     return;
                 }
                 let now = self.local(node);
-                let Some(core) = self.slots[node].core.as_mut() else { return };
-                core.handle_timeout(now);
+                let slot = &mut self.slots[node];
+                let Some(core) = slot.core.as_ref() else { return };
+                core.handle_timeout(now, &mut slot.out);
                 self.drain(node, true);
             }
             Ev::Sync { node, run } => self.sync(node, run),
@@ -212,13 +218,15 @@ impl World {
         config.bugs = self.scenario.bugs;
         let epoch = EpochNode::start(config, slot.durable.clone(), now);
         self.checker.started(i, epoch.incarnation());
-        slot.core = Some(Core::new(epoch, HomeConfig::new(slot.id), HolderConfig::new(slot.id), now));
+        let (home, holder) = (HomeConfig::new(slot.id), HolderConfig::new(slot.id));
+        slot.core = Some(Core::new(epoch, home, holder, 1, now, &mut slot.out));
         self.after_input(i);
     }
 
     fn crash(&mut self, i: usize) {
         let slot = &mut self.slots[i];
         if slot.core.take().is_some() {
+            slot.out.clear();
             slot.disk.lose();
             slot.proposed_at = None;
             slot.timer_generation += 1;
@@ -233,7 +241,7 @@ impl World {
 
     /// [`World::after_input`]; `timer` when the input was the node's timer.
     fn drain(&mut self, i: usize, timer: bool) {
-        while let Some(output) = self.slots[i].core.as_mut().and_then(Core::poll_output) {
+        while let Some(output) = self.slots[i].out.pop_front() {
             match output {
                 Output::Transmit { to, message: PeerMessage::Epoch(message) } => self.send(i, to, message),
                 Output::Persist { number, writes } => {
@@ -262,12 +270,14 @@ impl World {
         }
         let now = self.local(i);
         let Some(core) = self.slots[i].core.as_ref() else { return };
-        if self.checker.after_event(self.now, i, now, timer, core.epoch()) {
-            let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
+        if self.checker.after_event(self.now, i, now, timer, &core.epoch()) {
+            let guards: Vec<_> = (self.slots.iter().enumerate())
                 .filter(|(j, _)| *j != i)
                 .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c.epoch())))
                 .collect();
-            self.checker.check_homes(self.now, i, now, core.epoch(), &others);
+            let others: Vec<(usize, Instant, &EpochNode)> =
+                guards.iter().map(|(j, t, e)| (*j, *t, &**e)).collect();
+            self.checker.check_homes(self.now, i, now, &core.epoch(), &others);
         }
     }
 
@@ -286,8 +296,8 @@ impl World {
         let now = slot.clock.local(self.now);
         let Some(synced) = slot.disk.sync(&mut slot.durable) else { return };
         self.stats.acceptor_writes += synced.acceptor_writes;
-        if let Some(core) = slot.core.as_mut() {
-            core.persisted(now, synced.number);
+        if let Some(core) = slot.core.as_ref() {
+            core.persisted(now, synced.number, &mut slot.out);
         }
         if self.slots[i].disk.busy() {
             self.schedule_sync(i);
@@ -385,9 +395,8 @@ impl World {
         self.slots
             .iter()
             .filter_map(|s| s.core.as_ref().map(|c| c.current()))
-            .chain(self.slots.iter().map(|s| &s.durable.current))
+            .chain(self.slots.iter().map(|s| s.durable.current.clone()))
             .max_by_key(|r| r.number)
-            .cloned()
             .unwrap_or_else(|| self.scenario.genesis.clone())
     }
 
@@ -414,9 +423,9 @@ impl World {
     fn propose(&mut self, i: usize, change: Change) -> bool {
         let now = self.local(i);
         let slot = &mut self.slots[i];
-        let Some(core) = slot.core.as_mut() else { return false };
+        let Some(core) = slot.core.as_ref() else { return false };
         let previous = slot.proposed_at.replace(self.now);
-        let result = core.propose(now, change);
+        let result = core.propose(now, change, &mut slot.out);
         if self.scenario.trace {
             println!("{:>12.6} node {i}: propose: {result:?}", self.now as f64 / 1e9);
         }

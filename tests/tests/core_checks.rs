@@ -6,12 +6,20 @@ use keyhome::core::{Core, Output, PeerMessage};
 use keyhome_delegation::{Body, CheckAnswer, FencingToken, HolderConfig, HomeConfig, Message};
 use keyhome_epoch::{Config, Durable, EpochNode, EpochRecord, Instant, Member, NodeId, Timing};
 
+/// A core of two key shards (the check and its answer must meet in the key's shard).
 fn core() -> Core {
     let members =
         (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
     let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
     let epoch = EpochNode::start(Config::new(NodeId(1), 1), Durable::genesis(genesis), Instant::ZERO);
-    Core::new(epoch, HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)), Instant::ZERO)
+    Core::new(
+        epoch,
+        HomeConfig::new(NodeId(1)),
+        HolderConfig::new(NodeId(1)),
+        2,
+        Instant::ZERO,
+        &mut Vec::new(),
+    )
 }
 
 fn reply(key: &[u8], id: u64) -> PeerMessage {
@@ -19,13 +27,14 @@ fn reply(key: &[u8], id: u64) -> PeerMessage {
     PeerMessage::Delegation(Message { epoch: 1, body })
 }
 
-fn done(core: &mut Core) -> Vec<Output> {
-    std::iter::from_fn(|| core.poll_output()).filter(|o| matches!(o, Output::CheckDone { .. })).collect()
+fn done(out: &mut Vec<Output>) -> Vec<Output> {
+    std::mem::take(out).into_iter().filter(|o| matches!(o, Output::CheckDone { .. })).collect()
 }
 
 #[test]
 fn a_check_answer_counts_only_for_the_key_asked_about() {
-    let mut c = core();
+    let c = core();
+    let mut out = Vec::new();
     let now = Instant::from_nanos(1_000_000);
     let token: FencingToken = "1.1.1.0".parse().expect("a token");
     // A key homed elsewhere, so the answer must come from a peer.
@@ -33,12 +42,12 @@ fn a_check_answer_counts_only_for_the_key_asked_about() {
         (0..).map(|i| format!("orders-{i}").into_bytes()).find(|k| c.epoch().home_of(k) != Some(NodeId(1)));
     let key = key.expect("some key is homed on another node");
     let home = c.epoch().home_of(&key).expect("a home");
-    let id = c.check(now, key.clone(), token, Duration::from_secs(5)).expect("a home is known");
-    assert_eq!(done(&mut c), vec![]);
-    c.handle_message(now, home, reply(b"other", id));
-    assert_eq!(done(&mut c), vec![], "an answer about another key is ignored");
-    c.handle_message(now, home, reply(&key, id));
-    assert_eq!(done(&mut c), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);
-    c.handle_message(now, home, reply(&key, id));
-    assert_eq!(done(&mut c), vec![], "answered once");
+    let id = c.check(now, key.clone(), token, Duration::from_secs(5), &mut out).expect("a home is known");
+    assert_eq!(done(&mut out), vec![]);
+    c.handle_message(now, home, reply(b"other", id), &mut out);
+    assert_eq!(done(&mut out), vec![], "an answer about another key is ignored");
+    c.handle_message(now, home, reply(&key, id), &mut out);
+    assert_eq!(done(&mut out), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);
+    c.handle_message(now, home, reply(&key, id), &mut out);
+    assert_eq!(done(&mut out), vec![], "answered once");
 }

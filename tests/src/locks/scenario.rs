@@ -72,6 +72,8 @@ pub struct LockScenario {
     pub hot_share: f64,
     pub holder: HolderParams,
     pub walk: WalkParams,
+    /// Key shards per node (see `keyhome::core`): 1 to 3, drawn per seed.
+    pub shards: usize,
     /// Share of recalled clients that hurry (stop writing and unlock at their next step); the
     /// others hold on to the deadline they were told, as unresponsive clients would.
     pub responsive: f64,
@@ -167,6 +169,7 @@ impl LockScenario {
         } else {
             WalkParams::SHIPPED
         };
+        let shards = pace.range(1, 3) as usize;
         LockScenario {
             base,
             bugs: options.bugs,
@@ -182,6 +185,7 @@ impl LockScenario {
                 resend: Duration::from_millis(20),
             },
             walk,
+            shards,
             write_delay: (50_000, ms(1)),
             heal_at: chaos,
             quiet_at: chaos + nanos(QUIET_AFTER_HEAL),
@@ -254,6 +258,7 @@ impl LockScenario {
                 resend: Duration::from_millis(20),
             },
             walk: WalkParams::SHIPPED,
+            shards: 2,
             write_delay: (50_000, ms(1)),
             heal_at: 0,
             quiet_at: quiet,
@@ -313,6 +318,7 @@ impl LockScenario {
                 resend: Duration::from_millis(20),
             },
             walk: WalkParams::SHIPPED,
+            shards: 2,
             write_delay: (50_000, ms(1)),
             heal_at: 0,
             quiet_at: 0,

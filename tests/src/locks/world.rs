@@ -12,6 +12,7 @@
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
@@ -94,6 +95,8 @@ struct Slot {
     durable: Durable,
     /// The node's core, while the node runs.
     core: Option<Core>,
+    /// What the core produced and the world has not carried out yet, in order.
+    out: VecDeque<Output>,
     /// Home start instant (home clock), for the ghost quarantine.
     home_started: Instant,
     run: u64,
@@ -163,6 +166,7 @@ impl LockWorld {
                 ),
                 durable: Durable::genesis(genesis.clone()),
                 core: None,
+                out: VecDeque::new(),
                 home_started: Instant::ZERO,
                 run: 0,
                 disk: Disk::default(),
@@ -313,8 +317,9 @@ impl LockWorld {
                 }
                 let now = self.local(to);
                 let from_id = self.slots[from].id;
-                let Some(core) = self.slots[to].core.as_mut() else { return };
-                core.handle_message(now, from_id, message);
+                let slot = &mut self.slots[to];
+                let Some(core) = slot.core.as_ref() else { return };
+                core.handle_message(now, from_id, message, &mut slot.out);
                 self.pump(to, false);
             }
             Ev::Timer { node, generation } => {
@@ -322,9 +327,10 @@ impl LockWorld {
                     return;
                 }
                 let now = self.local(node);
-                let Some(core) = self.slots[node].core.as_mut() else { return };
+                let slot = &mut self.slots[node];
+                let Some(core) = slot.core.as_ref() else { return };
                 let core_due = core.epoch().poll_timeout().is_some_and(|t| t <= now);
-                core.handle_timeout(now);
+                core.handle_timeout(now, &mut slot.out);
                 self.slots[node].walk_next = self.now + self.scenario.walk.lag;
                 self.pump(node, core_due);
             }
@@ -387,7 +393,7 @@ impl LockWorld {
             current.activation_wait.max(rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm));
         slot.learned = vec![(current.number, now + wait)];
         slot.lease_ok = false;
-        let mut core = Core::new(epoch, home_config, holder_config, now);
+        let core = Core::new(epoch, home_config, holder_config, scenario.shards, now, &mut slot.out);
         core.observe_local(true);
         slot.core = Some(core);
         slot.home_started = now;
@@ -401,6 +407,7 @@ impl LockWorld {
         if slot.core.take().is_none() {
             return;
         }
+        slot.out.clear();
         slot.disk.lose();
         slot.timer_generation += 1;
         slot.paused_until = 0;
@@ -428,7 +435,7 @@ impl LockWorld {
     /// Carries out everything node `i`'s core produced, in order, re-arms the node's timer and
     /// runs the epoch checks.
     fn pump(&mut self, i: usize, core_timer: bool) {
-        while let Some(output) = self.slots[i].core.as_mut().and_then(Core::poll_output) {
+        while let Some(output) = self.slots[i].out.pop_front() {
             match output {
                 Output::Transmit { to, message: PeerMessage::Epoch(message) } => {
                     self.send_epoch(i, to, message)
@@ -446,7 +453,7 @@ impl LockWorld {
                 }
                 Output::LockDone { ticket, result } => self.lock_done(i, ticket, result),
                 Output::Notice { handle, notice, key, .. } => self.on_notice(i, handle, &key, notice),
-                Output::EpochLearned { epoch } => self.epoch_learned(i, epoch),
+                Output::EpochLearned { epoch, .. } => self.epoch_learned(i, epoch),
                 Output::CheckDone { .. } | Output::ProposalDone { .. } => {}
             }
         }
@@ -466,18 +473,20 @@ impl LockWorld {
         let Some(core) = slot.core.as_ref() else { return };
         slot.lease_ok = core.epoch().holds_lease(now);
         for (k, name) in self.scenario.base.keys.iter().enumerate() {
-            slot.adopted[k] = core.home().is_adopted(name);
+            slot.adopted[k] = core.home(name).is_adopted(name);
         }
         if self.changes.open_at(i) {
             self.check_ready(i);
         }
         let Some(core) = self.slots[i].core.as_ref() else { return };
-        if self.epoch_checker.after_event(self.now, i, now, core_timer, core.epoch()) {
-            let others: Vec<(usize, Instant, &EpochNode)> = (self.slots.iter().enumerate())
+        if self.epoch_checker.after_event(self.now, i, now, core_timer, &core.epoch()) {
+            let guards: Vec<_> = (self.slots.iter().enumerate())
                 .filter(|(j, _)| *j != i)
                 .filter_map(|(j, s)| s.core.as_ref().map(|c| (j, s.clock.local(self.now), c.epoch())))
                 .collect();
-            self.epoch_checker.check_homes(self.now, i, now, core.epoch(), &others);
+            let others: Vec<(usize, Instant, &EpochNode)> =
+                guards.iter().map(|(j, t, e)| (*j, *t, &**e)).collect();
+            self.epoch_checker.check_homes(self.now, i, now, &core.epoch(), &others);
         }
     }
 
@@ -520,7 +529,7 @@ impl LockWorld {
     fn epoch_learned(&mut self, i: usize, learned: u64) {
         let now = self.local(i);
         let Some(core) = self.slots[i].core.as_ref() else { return };
-        let record = core.current().clone();
+        let record = core.current();
         self.note_epoch(&record);
         let breaches = self.changes.close(Some(i), self.now);
         self.breaches(breaches);
@@ -621,7 +630,7 @@ impl LockWorld {
         let now = self.local(i);
         let slot = &self.slots[i];
         let Some(core) = slot.core.as_ref() else { return };
-        if now < core.home().quarantine_end(&core.current().timing) {
+        if now < core.quarantine_end(&core.current().timing) {
             return;
         }
         // As `Home` decides: an adopted key on the current epoch's lease alone, any other by
@@ -630,11 +639,12 @@ impl LockWorld {
         let mut ready = Vec::new();
         for key in self.changes.unready(i) {
             let name = &self.scenario.base.keys[key];
-            let adopted = core.home().is_adopted(name);
+            let adopted = core.home(name).is_adopted(name);
             if (adopted && epoch.holds_lease(now)) || (!adopted && epoch.home_active(now, name)) {
                 ready.push((key, adopted));
             }
         }
+        drop(epoch);
         for (key, adopted) in ready {
             let breach = self.changes.ready(i, key, self.now, adopted);
             self.breaches(breach);
@@ -654,8 +664,9 @@ impl LockWorld {
         let now = self.local(i);
         let slot = &self.slots[i];
         let Some(core) = slot.core.as_ref() else { return };
-        let (home, epoch) = (core.home(), core.epoch());
-        let timing = core.current().timing;
+        let record = core.current();
+        let timing = record.timing;
+        let (home, epoch) = (core.home(key), core.epoch());
         let quarantine_end =
             slot.home_started + rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm);
         let name = String::from_utf8_lossy(key).into_owned();
@@ -676,7 +687,7 @@ impl LockWorld {
             None
         };
         if let Some(problem) = problem {
-            let detail = format!("node {i} (epoch {}) granted {name} {problem}", core.current().number);
+            let detail = format!("node {i} (epoch {}) granted {name} {problem}", record.number);
             self.checker.violation(self.now, LockKind::BadGrant, detail);
         }
     }
@@ -695,8 +706,8 @@ impl LockWorld {
         }
         let now = slot.clock.local(self.now);
         let Some(synced) = slot.disk.sync(&mut slot.durable) else { return };
-        if let Some(core) = slot.core.as_mut() {
-            core.persisted(now, synced.number);
+        if let Some(core) = slot.core.as_ref() {
+            core.persisted(now, synced.number, &mut slot.out);
         }
         if self.slots[i].disk.busy() {
             self.schedule_sync(i);
@@ -762,8 +773,9 @@ impl LockWorld {
                 if self.now < self.slots[node].paused_until {
                     return; // a frozen process takes no operator command
                 }
-                if let Some(core) = self.slots[node].core.as_mut() {
-                    let _ = core.propose(now, change);
+                let slot = &mut self.slots[node];
+                if let Some(core) = slot.core.as_ref() {
+                    let _ = core.propose(now, change, &mut slot.out);
                     self.pump(node, false);
                 }
             }
@@ -789,8 +801,9 @@ impl LockWorld {
                 let Some(node) = self.rng.pick(&members) else { return };
                 let change = self.random_change();
                 let now = self.local(node);
-                if let Some(core) = self.slots[node].core.as_mut() {
-                    let _ = core.propose(now, change);
+                let slot = &mut self.slots[node];
+                if let Some(core) = slot.core.as_ref() {
+                    let _ = core.propose(now, change, &mut slot.out);
                     self.pump(node, false);
                 }
             }
@@ -801,9 +814,8 @@ impl LockWorld {
         self.slots
             .iter()
             .filter_map(|s| s.core.as_ref().map(|c| c.current()))
-            .chain(self.slots.iter().map(|s| &s.durable.current))
+            .chain(self.slots.iter().map(|s| s.durable.current.clone()))
             .max_by_key(|r| r.number)
-            .cloned()
             .unwrap_or_else(|| self.scenario.base.genesis.clone())
     }
 
@@ -896,8 +908,9 @@ impl LockWorld {
                 if now >= handle.deadline {
                     // The client sees its handle is past its deadline: it stops, and tells the
                     // node (which then reports the handle expired, if it had not yet).
-                    let core = self.slots[node].core.as_mut().expect("up");
-                    if core.unlock(now, handle.id, None).is_ok() {
+                    let slot = &mut self.slots[node];
+                    let core = slot.core.as_ref().expect("up");
+                    if core.unlock(now, handle.id, None, &mut slot.out).is_ok() {
                         // The holder had extended the handle silently; it ends now, noteless.
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(None));
@@ -925,7 +938,8 @@ impl LockWorld {
                     return;
                 }
                 let note = Some(last_write.to_le_bytes().to_vec());
-                let core = self.slots[node].core.as_mut().expect("up");
+                let slot = &mut self.slots[node];
+                let core = slot.core.as_ref().expect("up");
                 if self.scenario.base.trace {
                     println!(
                         "{:>12.6} node {node} client {client}: unlock k{key} {} note {last_write}",
@@ -933,7 +947,7 @@ impl LockWorld {
                         handle.token
                     );
                 }
-                match core.unlock(now, handle.id, note) {
+                match core.unlock(now, handle.id, note, &mut slot.out) {
                     Ok(()) => {
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(Some(last_write)));
@@ -952,9 +966,10 @@ impl LockWorld {
         self.checker.stats.lock_calls += 1;
         let now = self.local(node);
         let name = self.scenario.base.keys[key].clone();
-        let Some(core) = self.slots[node].core.as_mut() else { return };
+        let slot = &mut self.slots[node];
+        let Some(core) = slot.core.as_ref() else { return };
         let owner = Owner::Client(ClientOwner { conn: client as u64, identity: 0 });
-        let outcome = core.lock(now, &name, ttl, wait, owner);
+        let outcome = core.lock(now, &name, ttl, wait, owner, &mut slot.out);
         match outcome {
             Ok(LockOutcome::Locked(handle)) => {
                 self.checker.stats.immediate += 1;
@@ -1065,8 +1080,10 @@ impl LockWorld {
             }
             Notice::Expired => {
                 let now = self.local(node);
-                let deleg_gone =
-                    self.slots[node].core.as_ref().is_none_or(|c| c.holder().delegation(now, key).is_none());
+                let deleg_gone = self.slots[node]
+                    .core
+                    .as_ref()
+                    .is_none_or(|c| c.holder(key).delegation(now, key).is_none());
                 if let Some(admission) = self.handles.remove(&(node, handle)) {
                     self.checker.ended(self.now, admission, End::Expired { deleg_gone });
                 }
@@ -1144,8 +1161,10 @@ impl LockWorld {
             let now = self.local(node);
             self.next_write += 1;
             let note = self.next_write;
-            let core = self.slots[node].core.as_mut().expect("up");
-            core.unlock(now, handle.id, Some(note.to_le_bytes().to_vec())).expect("a live handle");
+            let slot = &mut self.slots[node];
+            let core = slot.core.as_ref().expect("up");
+            core.unlock(now, handle.id, Some(note.to_le_bytes().to_vec()), &mut slot.out)
+                .expect("a live handle");
             self.checker.ended(self.now, admission, End::Unlock(Some(note)));
             self.handles.remove(&(node, handle.id));
             self.slots[node].clients[0].state = CState::Idle;
@@ -1156,8 +1175,9 @@ impl LockWorld {
     /// Scripted: an operator asks `node` for `change`.
     pub fn script_propose(&mut self, node: usize, change: Change) -> Result<(), ProposeError> {
         let now = self.local(node);
-        let core = self.slots[node].core.as_mut().expect("up");
-        let result = core.propose(now, change);
+        let slot = &mut self.slots[node];
+        let core = slot.core.as_ref().expect("up");
+        let result = core.propose(now, change, &mut slot.out);
         self.pump(node, false);
         result
     }
