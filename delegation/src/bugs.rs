@@ -17,17 +17,22 @@ pub struct Bugs {
     /// Home: grants a key it is the home of on its home lease alone, without the activation wait
     /// (a moved key served by the new home without waiting or a handover).
     pub ignore_activation: bool,
+    /// Node core (which reads it through [`crate::HolderConfig::bugs`]): every key shard numbers
+    /// its handles and tickets 1, 2, 3…, so a serial no longer names the shard that gave it out
+    /// and a call by handle may reach another shard's handle.
+    pub shared_serials: bool,
 }
 
 impl Bugs {
     /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
     /// spell them.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "deadline-from-receipt",
         "no-rate-margin",
         "release-before-revoke",
         "no-quarantine",
         "ignore-activation",
+        "shared-serials",
     ];
 
     /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
@@ -38,6 +43,7 @@ impl Bugs {
             "release-before-revoke" => self.release_before_revoke = true,
             "no-quarantine" => self.no_quarantine = true,
             "ignore-activation" => self.ignore_activation = true,
+            "shared-serials" => self.shared_serials = true,
             _ => return false,
         }
         true

@@ -153,7 +153,7 @@ impl HolderConfig {
     }
 
     /// The switches in force (all off without the `bug-injection` feature).
-    fn bugs(&self) -> crate::bugs::Bugs {
+    pub fn bugs(&self) -> crate::bugs::Bugs {
         #[cfg(feature = "bug-injection")]
         return self.bugs;
         #[cfg(not(feature = "bug-injection"))]

@@ -36,7 +36,8 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 activation-wait, epoch-floor, incarnation. Runs the epoch simulation only,
                 unless --locks is given too (the lock simulation with that rule off)
   --lock-bug NAME  switch off one delegation rule: deadline-from-receipt, no-rate-margin,
-                release-before-revoke, no-quarantine, ignore-activation, incarnation,
+                release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
+                shards number their handles alike), incarnation,
                 delegation-bound (an earlier epoch's lease lets a home grant the current
                 epoch's longer delegations); or one
                 epoch-change rule, caught only with --calm: no-handover (homes adopt no

@@ -802,8 +802,10 @@ fn share_out(home: &HomeConfig, holder: &HolderConfig, place: Place) -> (HomeCon
     home.max_record_bytes = part(home.max_record_bytes);
     let mut holder = holder.clone();
     holder.limits.max_holder_keys = part(holder.limits.max_holder_keys);
-    holder.serials =
-        Serials { first: if place.index == 0 { place.count } else { place.index }, step: place.count };
+    if !holder.bugs().shared_serials {
+        holder.serials =
+            Serials { first: if place.index == 0 { place.count } else { place.index }, step: place.count };
+    }
     (home, holder)
 }
 

@@ -63,12 +63,13 @@ pub struct SimBugs {
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 9] = [
+pub const LOCK_BUG_NAMES: [&str; 10] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
     "no-quarantine",
     "ignore-activation",
+    "shared-serials",
     "incarnation",
     "delegation-bound",
     "no-handover",
