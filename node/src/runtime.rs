@@ -118,23 +118,36 @@ pub(crate) struct Replies {
     proposal: Option<ProposalReply>,
 }
 
+/// Where a call that may leave its outcome pending sends it: the one caller of that call.
+enum Caller {
+    Lock(LockReply),
+    Check(CheckSender),
+    Proposal(ProposalReply),
+}
+
 /// One call's [`Sink`]: carries out the core's outputs as they come (see the module docs), and
 /// what must wait until no part of the core is locked when the call is over.
 pub(crate) struct Carrier<'a> {
     shared: &'a Arc<Shared>,
     now: Instant,
-    /// The caller's reply, for the call that may leave something pending.
-    pub lock_reply: Option<LockReply>,
-    pub check_reply: Option<CheckSender>,
-    pub proposal_reply: Option<ProposalReply>,
-    /// Notices for client sessions, handed over once the call is over.
-    notices: Vec<(crate::core::ClientOwner, keyhome_delegation::HandleId, Vec<u8>, crate::core::Notice)>,
-    /// Handles admitted for callers that gave up meanwhile: unlocked once the call is over.
-    unclaimed: Vec<Handle>,
+    /// The caller's reply, for the call that may leave its outcome pending.
+    caller: Option<Caller>,
+    /// What waits until the call is over, allocated by the first call that leaves any (a re-lock
+    /// or an unlock leaves none).
+    later: Option<Box<Later>>,
     /// A part is due before the timer task planned to wake.
     wake: bool,
     /// The persistence thread is gone: the core fails once the call is over.
     failed: bool,
+}
+
+/// What a call leaves for once no part of the core is locked.
+#[derive(Default)]
+struct Later {
+    /// Notices for client sessions.
+    notices: Vec<(crate::core::ClientOwner, keyhome_delegation::HandleId, Vec<u8>, crate::core::Notice)>,
+    /// Handles admitted for callers that gave up meanwhile: unlocked.
+    unclaimed: Vec<Handle>,
 }
 
 impl Sink for Carrier<'_> {
@@ -162,7 +175,7 @@ impl Sink for Carrier<'_> {
                 // The caller gave up meanwhile: nothing was done under the handle, so it is
                 // unlocked at once and passes its note on.
                 if let Some(Ok(handle)) = unclaimed {
-                    self.unclaimed.push(handle);
+                    self.later().unclaimed.push(handle);
                 }
             }
             Output::CheckDone { id, answer } => {
@@ -179,24 +192,26 @@ impl Sink for Carrier<'_> {
                 lock(&shared.links).retain(|id, _| members.contains(id));
             }
             Output::Observed { .. } => {}
-            Output::Notice { owner, handle, key, notice } => self.notices.push((owner, handle, key, notice)),
+            Output::Notice { owner, handle, key, notice } => {
+                self.later().notices.push((owner, handle, key, notice))
+            }
         }
     }
 
     fn lock_pending(&mut self, ticket: Ticket) {
-        if let Some(reply) = self.lock_reply.take() {
+        if let Some(Caller::Lock(reply)) = self.caller.take() {
             lock(&self.shared.replies).locks.insert(ticket, reply);
         }
     }
 
     fn check_pending(&mut self, id: u64) {
-        if let Some(reply) = self.check_reply.take() {
+        if let Some(Caller::Check(reply)) = self.caller.take() {
             lock(&self.shared.replies).checks.insert(id, reply);
         }
     }
 
     fn proposal_pending(&mut self) {
-        if let Some(reply) = self.proposal_reply.take() {
+        if let Some(Caller::Proposal(reply)) = self.caller.take() {
             lock(&self.shared.replies).proposal = Some(reply);
         }
     }
@@ -211,17 +226,7 @@ impl Sink for Carrier<'_> {
 
 impl<'a> Carrier<'a> {
     fn new(shared: &'a Arc<Shared>, now: Instant) -> Carrier<'a> {
-        Carrier {
-            shared,
-            now,
-            lock_reply: None,
-            check_reply: None,
-            proposal_reply: None,
-            notices: Vec::new(),
-            unclaimed: Vec::new(),
-            wake: false,
-            failed: false,
-        }
+        Carrier { shared, now, caller: None, later: None, wake: false, failed: false }
     }
 
     /// What waits until the call is over: unlocking handles nobody claimed, failing the core,
@@ -229,7 +234,7 @@ impl<'a> Carrier<'a> {
     #[inline]
     fn finish(mut self) {
         let shared = self.shared;
-        while let Some(handle) = self.unclaimed.pop() {
+        while let Some(handle) = self.later.as_mut().and_then(|later| later.unclaimed.pop()) {
             let _ = shared.core.unlock(self.now, handle.id, handle.note, &mut self);
         }
         if self.failed {
@@ -238,9 +243,15 @@ impl<'a> Carrier<'a> {
         if self.wake {
             shared.timer.notify_one();
         }
-        if !self.notices.is_empty() {
-            shared.api.report(&shared.clock, std::mem::take(&mut self.notices));
+        if let Some(later) = self.later.take()
+            && !later.notices.is_empty()
+        {
+            shared.api.report(&shared.clock, later.notices);
         }
+    }
+
+    fn later(&mut self) -> &mut Later {
+        self.later.get_or_insert_with(Box::default)
     }
 }
 
@@ -567,7 +578,7 @@ impl Shared {
         reply: LockReply,
     ) -> Result<keyhome_delegation::LockOutcome, LockError> {
         self.with_core(|core, now, out| {
-            out.lock_reply = Some(reply);
+            out.caller = Some(Caller::Lock(reply));
             core.lock(now, key, ttl, wait, owner, out)
         })
     }
@@ -581,7 +592,7 @@ impl Shared {
         reply: CheckSender,
     ) -> Result<u64, LockError> {
         self.with_core(|core, now, out| {
-            out.check_reply = Some(reply);
+            out.caller = Some(Caller::Check(reply));
             core.check(now, key, token, timeout, out)
         })
     }
@@ -593,7 +604,7 @@ impl Shared {
         reply: ProposalReply,
     ) -> Result<(), ProposeError> {
         self.with_core(|core, now, out| {
-            out.proposal_reply = Some(reply);
+            out.caller = Some(Caller::Proposal(reply));
             core.propose(now, change, out)
         })
     }

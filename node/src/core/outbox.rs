@@ -22,6 +22,7 @@ pub(super) struct Outbox {
 }
 
 impl Outbox {
+    #[inline]
     pub fn push(&mut self, output: Output) {
         self.queue.push_back(output);
     }
@@ -63,6 +64,7 @@ impl Outbox {
         self.failed
     }
 
+    #[inline]
     pub fn pop(&mut self) -> Option<Output> {
         self.queue.pop_front()
     }

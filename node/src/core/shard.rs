@@ -72,6 +72,13 @@ pub(super) struct Shard {
     lock_hold: prometheus_client::metrics::histogram::Histogram,
     /// Report local deliveries as [`Output::Observed`].
     pub observe_local: bool,
+    /// The earliest deadline of the home and the token checks as [`Shard::poll_timeout`] last
+    /// found it.
+    others_due: Option<Instant>,
+    /// The calls since the last [`Shard::poll_timeout`] reached the holder alone (a re-lock, a
+    /// renewal or an unlock with nothing to settle), so `others_due` still holds: the hot path
+    /// reads only the holder's deadline.
+    holder_only: bool,
 }
 
 impl Shard {
@@ -101,6 +108,8 @@ impl Shard {
             lock_wait: histograms.lock_wait.clone(),
             lock_hold: histograms.lock_hold.clone(),
             observe_local: false,
+            others_due: None,
+            holder_only: false,
         }
     }
 
@@ -135,8 +144,18 @@ impl Shard {
     }
 
     /// The earliest instant something is due, paced work included.
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.earliest_with(self.home.poll_timeout(), self.holder.poll_timeout())
+    #[inline]
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        if !std::mem::take(&mut self.holder_only) {
+            self.others_due = self.others_due();
+        }
+        debug_assert_eq!(self.others_due, self.others_due(), "a holder-only call moved another deadline");
+        earliest(self.others_due, self.holder.poll_timeout())
+    }
+
+    /// The earliest deadline of the home and the token checks.
+    fn others_due(&self) -> Option<Instant> {
+        earliest(self.home.poll_timeout(), self.check_deadlines.peek().map(|Reverse((at, _))| *at))
     }
 
     /// The earliest timer, leaving paced work out: what [`Shard::settle`] runs down.
@@ -367,13 +386,15 @@ impl Shard {
     /// ([`Shard::try_lock`], [`Shard::renew`], [`Shard::unlock`]): the hot path (a re-lock, an
     /// unlock) leaves nothing behind in the common case. Every call leaves the home and holder
     /// drained and no local message queued, so only the holder can have produced something: when
-    /// it has not, there is nothing to drain.
+    /// it has not, there is nothing to drain, and the call reached the holder alone.
     fn settle_if_due(&mut self, now: Instant) {
         debug_assert!(self.local.is_empty(), "a local message outlived the call that queued it");
         if self.holder.poll_timer().is_some_and(|t| t <= now) {
             self.settle(now);
         } else if self.holder.has_output() {
             self.drain(now);
+        } else {
+            self.holder_only = true;
         }
     }
 
