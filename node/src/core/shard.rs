@@ -147,24 +147,29 @@ impl Shard {
     #[inline]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
         if !std::mem::take(&mut self.holder_only) {
-            self.others_due = self.others_due();
+            self.others_due = self.others_deadline();
         }
-        debug_assert_eq!(self.others_due, self.others_due(), "a holder-only call moved another deadline");
+        debug_assert_eq!(
+            self.others_due,
+            self.others_deadline(),
+            "a holder-only call moved another deadline"
+        );
         earliest(self.others_due, self.holder.poll_timeout())
     }
 
-    /// The earliest deadline of the home and the token checks.
-    fn others_due(&self) -> Option<Instant> {
-        earliest(self.home.poll_timeout(), self.check_deadlines.peek().map(|Reverse((at, _))| *at))
+    /// The earliest deadline of the home (paced work included) and the token checks.
+    fn others_deadline(&self) -> Option<Instant> {
+        earliest(self.home.poll_timeout(), self.next_check_deadline())
     }
 
     /// The earliest timer, leaving paced work out: what [`Shard::settle`] runs down.
     fn poll_timer(&self) -> Option<Instant> {
-        self.earliest_with(self.home.poll_timer(), self.holder.poll_timer())
+        earliest(earliest(self.home.poll_timer(), self.holder.poll_timer()), self.next_check_deadline())
     }
 
-    fn earliest_with(&self, home: Option<Instant>, holder: Option<Instant>) -> Option<Instant> {
-        earliest(earliest(home, holder), self.check_deadlines.peek().map(|Reverse((at, _))| *at))
+    /// When the oldest pending token check times out.
+    fn next_check_deadline(&self) -> Option<Instant> {
+        self.check_deadlines.peek().map(|Reverse((at, _))| *at)
     }
 
     pub fn shutdown(&mut self, now: Instant) {
