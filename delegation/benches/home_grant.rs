@@ -172,7 +172,10 @@ fn request(key: &[u8], id: u64, wait: Duration, held: Option<Grantee>) -> Messag
 }
 
 fn release(key: &[u8], grantee: Grantee) -> Message {
-    Message { epoch: 1, body: Body::Release { key: key.to_vec(), grantee, note: None, recovered: false } }
+    Message {
+        epoch: 1,
+        body: Body::Release { key: key.to_vec(), grantee, note: None, recovered: false, passed: None },
+    }
 }
 
 /// A home past its restart quarantine, its clock, and the grantee and holder of each bench key.

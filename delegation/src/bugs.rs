@@ -21,18 +21,22 @@ pub struct Bugs {
     /// its handles and tickets 1, 2, 3…, so a serial no longer names the shard that gave it out
     /// and a call by handle may reach another shard's handle.
     pub shared_serials: bool,
+    /// Home: forgets a delegation it granted ahead in a Recall once the holder says it passed it
+    /// on, so the key is free (and granted again) while the node it was passed to holds it.
+    pub forget_passes: bool,
 }
 
 impl Bugs {
     /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
     /// spell them.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "deadline-from-receipt",
         "no-rate-margin",
         "release-before-revoke",
         "no-quarantine",
         "ignore-activation",
         "shared-serials",
+        "forget-passes",
     ];
 
     /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
@@ -44,6 +48,7 @@ impl Bugs {
             "no-quarantine" => self.no_quarantine = true,
             "ignore-activation" => self.ignore_activation = true,
             "shared-serials" => self.shared_serials = true,
+            "forget-passes" => self.forget_passes = true,
             _ => return false,
         }
         true

@@ -64,7 +64,7 @@ use keyhome_epoch::{Instant, NodeId};
 use crate::authority::Authority;
 use crate::check::{self, CheckAnswer};
 use crate::limits::Limits;
-use crate::message::{Body, Grantee, Message, Refusal, RequestId};
+use crate::message::{Body, Grantee, Message, Refusal, RequestId, Successor};
 use crate::token::FencingToken;
 use crate::walk::{DEFAULT_WALK_STEP, Walk};
 
@@ -377,6 +377,9 @@ struct Delegation {
     /// Set by a recall: admission is closed, the local handle (asked to unlock by an
     /// [`Event::Recalled`]) no longer grows, and the delegation is released when it ends.
     recalled: bool,
+    /// The delegation the home granted ahead to the next requester (a Recall carried it): passed
+    /// on with [`Body::Pass`] at the release. Boxed: most delegations never have one.
+    next: Option<Box<Successor>>,
     /// No admission yet under this delegation: the next one carries the grant's note and flag.
     fresh: bool,
     recovered: bool,
@@ -425,6 +428,8 @@ struct Past {
     released: bool,
     /// The `recovered` flag it was released with, to repeat with the note.
     recovered: bool,
+    /// The successor it was passed on to, if any, to repeat with the note.
+    passed: Option<Grantee>,
     next_seq: u64,
     until: Instant,
 }
@@ -692,7 +697,11 @@ impl Holder {
                 self.on_grant(now, from, GrantMsg { key, id, grantee, lease, note, recovered }, auth)
             }
             Body::Refuse { key, id, reason } => self.on_refuse(now, from, &key, id, reason, auth),
-            Body::Recall { key, grantee } => self.on_recall(now, from, &key, grantee, auth),
+            Body::Recall { key, grantee, next } => self.on_recall(now, from, &key, grantee, next, auth),
+            Body::Pass { key, home, id, grantee, lease, note, recovered } => {
+                // Passed on by the previous holder: what the home granted, as if from the home.
+                self.on_grant(now, home, GrantMsg { key, id, grantee, lease, note, recovered }, auth)
+            }
             Body::Probe { key, id, token, asker } => self.on_probe(now, key, id, token, asker, auth),
             _ => {}
         }
@@ -1034,6 +1043,7 @@ impl Holder {
                             next_seq,
                             // A Recall that overtook this Grant closes admission at once.
                             recalled: e.early_recall == Some(g.grantee),
+                            next: None,
                             fresh: true,
                             unclean: false,
                             recovered: g.recovered,
@@ -1052,7 +1062,10 @@ impl Holder {
                         // with its note and flag, so the next holder still gets them, and ask
                         // again.
                         let (note, recovered) = (g.note, g.recovered);
-                        io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
+                        io.send(
+                            from,
+                            Body::Release { key: g.key, grantee: g.grantee, note, recovered, passed: None },
+                        );
                         e.retry_at = now;
                         e.early_recall = None;
                     }
@@ -1064,7 +1077,10 @@ impl Holder {
                 let held = e.deleg.as_ref().is_some_and(|d| d.grantee == g.grantee);
                 if !held && now < deadline {
                     let (note, recovered) = (g.note, g.recovered);
-                    io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
+                    io.send(
+                        from,
+                        Body::Release { key: g.key, grantee: g.grantee, note, recovered, passed: None },
+                    );
                 }
             }
         }
@@ -1092,7 +1108,8 @@ impl Holder {
             None => (g.note, g.recovered),
         };
         if self.io.grant_live(g.id, g.lease, now) {
-            self.io.send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered });
+            self.io
+                .send(from, Body::Release { key: g.key, grantee: g.grantee, note, recovered, passed: None });
         }
     }
 
@@ -1155,6 +1172,7 @@ impl Holder {
         from: NodeId,
         key: &[u8],
         grantee: Grantee,
+        next: Option<Successor>,
         auth: &A,
     ) {
         let Some(&slot) = self.index.get(key) else { return };
@@ -1165,6 +1183,10 @@ impl Holder {
             && d.grantee == grantee
         {
             d.home = from;
+            if let Some(next) = next {
+                // The latest one the home granted ahead is the one to pass on.
+                d.next = Some(Box::new(next));
+            }
             if release_at_once {
                 // The injected bug: give the delegation back while the local handle lives on.
                 e.release(now, io);
@@ -1178,9 +1200,11 @@ impl Holder {
             && p.grantee == grantee
         {
             if p.released {
-                // The release was lost: say it again, with the same note and flag.
-                let (note, recovered) = (p.note.clone(), p.recovered);
-                io.send(from, Body::Release { key: e.key.to_vec(), grantee, note, recovered });
+                // The release was lost: say it again, with the same note and flag (and what it
+                // was passed on to: that Pass is not repeated; if it was lost too, its receiver
+                // asks the home again).
+                let (note, recovered, passed) = (p.note.clone(), p.recovered, p.passed);
+                io.send(from, Body::Release { key: e.key.to_vec(), grantee, note, recovered, passed });
             }
         } else if e.deleg.is_none()
             && e.request.as_ref().is_some_and(|r| r.held.is_none())
@@ -1451,14 +1475,27 @@ impl Entry {
         let Some(d) = self.deleg.take() else { return };
         let note = self.note.take();
         let recovered = (d.fresh && d.recovered) || d.unclean;
-        let body =
-            Body::Release { key: self.key.to_vec(), grantee: d.grantee, note: note.clone(), recovered };
+        // A successor the home granted ahead gets the key first, then the home hears of it.
+        let passed = d.next.filter(|_| d.recalled).map(|s| {
+            let (key, note) = (self.key.to_vec(), note.clone());
+            let Successor { to, id, grantee, lease } = *s;
+            io.send(to, Body::Pass { key, home: d.home, id, grantee, lease, note, recovered });
+            grantee
+        });
+        let body = Body::Release {
+            key: self.key.to_vec(),
+            grantee: d.grantee,
+            note: note.clone(),
+            recovered,
+            passed,
+        };
         io.send(d.home, body);
         self.past = Some(Past {
             grantee: d.grantee,
             note,
             released: true,
             recovered,
+            passed,
             next_seq: d.next_seq,
             until: (d.deadline + d.lease).max(d.answers_until),
         });
@@ -1477,6 +1514,7 @@ impl Entry {
             note: None,
             released: false,
             recovered: true,
+            passed: None,
             next_seq: d.next_seq,
             until: (now + d.lease).max(d.answers_until),
         });

@@ -100,6 +100,19 @@
 //!   `max(home_lease / 4, 10 ms)` while the key is held and someone waits; more requesters
 //!   joining the queue send nothing more. (The pacing lives with the queue: if every requester
 //!   leaves and a new one comes, it recalls at once.) The same period paces Handover resends.
+//! - **Passes.** With the first Recall of a delegation someone waits for, the home grants the
+//!   first waiter ahead ([`Successor`]: grantee, lease) and the Recall carries it; the holder
+//!   passes it on with [`Body::Pass`] the instant its last handle ends and says so in its
+//!   `Release`, so the key changes nodes in one message. From that first Recall the home treats
+//!   the successor as live (its conservative end counts from there, after the request was sent, as
+//!   for any grant) as well as the recalled delegation, and until it learns which of them holds
+//!   the key it grants it to nobody else: a release of the recalled delegation, or its expiry,
+//!   makes the successor the live delegation (granted by the home itself unless the release says
+//!   it was passed); a release or renewal by the successor says it was passed. No pass is granted
+//!   under lock-delay (an expiry must then leave the key ungranted for a while), to the holder
+//!   itself, nor for a key that is not authoritatively homed here; a key that moves away with a
+//!   pass outstanding is handed over with both delegations (`Handed::next`), and the new home
+//!   keeps them as this one did.
 //! - **Renewal while others wait** is refused with [`Refusal::Recalled`]: the delegation stays
 //!   valid until its deadline but is not extended, so a busy holder cannot starve waiters.
 //! - **Retransmitted request** (same id as the live grant, from its holder, not a renewal): the
@@ -163,7 +176,7 @@ use keyhome_epoch::{Instant, NodeId, Timing};
 use crate::authority::Authority;
 use crate::check::CheckAnswer;
 use crate::limits::Limits;
-use crate::message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
+use crate::message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId, Successor};
 use crate::token::FencingToken;
 use crate::walk::{DEFAULT_WALK_STEP, Walk};
 
@@ -186,6 +199,9 @@ pub struct HomeConfig {
     pub id: NodeId,
     /// Caps on what peers can make this home allocate.
     pub limits: Limits,
+    /// Whether a Recall grants the first waiter ahead, for the holder to pass the key on directly
+    /// (see the module documentation). On by default; never under lock-delay.
+    pub passes: bool,
     /// How long a key stays unavailable after its delegation *expired* (not after a clean
     /// release), measured on this home's clock from the expiry. Zero (the default) disables it.
     pub lock_delay: Duration,
@@ -212,6 +228,7 @@ impl HomeConfig {
         HomeConfig {
             id,
             limits: Limits::DEFAULT,
+            passes: true,
             lock_delay: Duration::ZERO,
             record_retention: Duration::from_secs(300),
             max_records: 1_000_000,
@@ -447,12 +464,35 @@ struct Live {
 /// The requesters queued for a key, and the Recall pacing of its holder.
 #[derive(Debug)]
 struct Queue {
-    /// Oldest first; never empty (an empty queue is dropped).
+    /// Oldest first; never empty unless `next` is set (an empty queue is dropped).
     waiters: VecDeque<Waiter>,
     /// Earliest instant the next Recall may be sent.
     recall_next: Instant,
     /// A Recall of the current delegation went out (for [`HomeCounters::recalls`]).
     recalled: bool,
+    /// The first waiter, granted ahead and taken out of `waiters` (see [`Next`]).
+    next: Option<Next>,
+}
+
+/// A delegation granted ahead to the first requester waiting for a held key, for its holder to
+/// pass on ([`Successor`]). From the instant it was granted until `end` or a release, it may be
+/// live at either node: the held delegation's or the successor's, never both at once (the holder
+/// passes it only once its last handle ended).
+#[derive(Clone, Copy, Debug)]
+struct Next {
+    successor: Successor,
+    /// Conservative end, home clock: the grant instant + `rate_margin(successor.lease)`.
+    end: Instant,
+}
+
+/// How a live delegation ended, as [`Home::end_live`] acts on it.
+enum Ended {
+    /// Released by its holder, who passed the [`Next`] delegation on.
+    Passed,
+    /// Released by its holder without passing anything on; what the next grant carries.
+    Released { note: Option<Box<[u8]>>, recovered: bool },
+    /// Its conservative end passed.
+    Expired,
 }
 
 /// In `Delay` and `Free`, `last` is the key's last delegation this home knows of, for token checks
@@ -496,12 +536,13 @@ enum Role {
 }
 
 /// Everything a home keeps per key. Invariant: waiters exist only in `Held` and `Delay` (a free
-/// key with waiters is granted or its waiters refused before control returns to the driver).
+/// key with waiters is granted or its waiters refused before control returns to the driver), and
+/// a [`Next`] only in `Held`.
 #[derive(Debug)]
 struct Entry {
     phase: Phase,
-    /// Queued requests; `None` when nobody waits (most keys). Boxed so that it costs 8 bytes in
-    /// every entry, and one allocation only while someone waits.
+    /// Queued requests and the successor granted ahead; `None` when nobody waits (most keys).
+    /// Boxed so that it costs 8 bytes in every entry, and one allocation only while someone waits.
     queue: Option<Box<Queue>>,
     /// The earliest instant the timer heap holds for this key; [`NEVER`] if none.
     wake: Instant,
@@ -575,6 +616,8 @@ pub struct HomeCounters {
     pub expiries: u64,
     /// Expiries that put the key into lock-delay.
     pub lock_delays: u64,
+    /// Delegations granted ahead in a Recall, for the holder to pass on (counted in `grants` too).
+    pub passes: u64,
 }
 
 impl std::ops::AddAssign for HomeCounters {
@@ -585,6 +628,7 @@ impl std::ops::AddAssign for HomeCounters {
         self.recalls += other.recalls;
         self.expiries += other.expiries;
         self.lock_delays += other.lock_delays;
+        self.passes += other.passes;
     }
 }
 
@@ -635,8 +679,8 @@ impl Home {
             Body::Request { key, id, lease, wait, held } => {
                 self.on_request(now, from, epoch, key, id, lease, wait, held, auth)
             }
-            Body::Release { key, grantee, note, recovered } => {
-                self.on_release(now, from, key, grantee, note, recovered, auth)
+            Body::Release { key, grantee, note, recovered, passed } => {
+                self.on_release(now, from, key, grantee, note, recovered, passed, auth)
             }
             Body::Check { key, id, token } => self.on_check(now, from, key, id, token, auth),
             Body::Handover { key, live, note, recovered, lock_delay } => {
@@ -646,6 +690,7 @@ impl Home {
             Body::Grant { .. }
             | Body::Refuse { .. }
             | Body::Recall { .. }
+            | Body::Pass { .. }
             | Body::Probe { .. }
             | Body::CheckReply { .. } => {}
         }
@@ -1035,6 +1080,10 @@ impl Home {
         auth: &impl Authority,
     ) -> Result<(), Refusal> {
         let ppm = auth.timing().clock_rate_ppm;
+        if held.is_some_and(|g| e.is_next(from, g)) {
+            // The successor renews what it was passed: the recalled delegation has ended.
+            self.end_live(now, key, e, Ended::Passed, auth);
+        }
         let delay_until = match &mut e.phase {
             Phase::Free { .. } => {
                 self.grant_caps(from)?;
@@ -1067,8 +1116,11 @@ impl Home {
             Phase::Held(_) => None,
             Phase::Delay { until, .. } => Some(*until),
         };
-        if e.queue.as_ref().is_some_and(|q| q.waiters.iter().any(|w| w.from == from && w.id == id)) {
-            return Ok(()); // a duplicate: already queued
+        if e.queue.as_ref().is_some_and(|q| {
+            q.waiters.iter().any(|w| w.from == from && w.id == id)
+                || q.next.is_some_and(|n| n.successor.to == from && n.successor.id == id)
+        }) {
+            return Ok(()); // a duplicate: already queued, or granted ahead
         }
         let deadline = now + wait.min(self.config.limits.max_request_wait);
         if let Some(until) = delay_until
@@ -1093,6 +1145,7 @@ impl Home {
                     waiters: VecDeque::from([waiter]),
                     recall_next: now,
                     recalled: false,
+                    next: None,
                 }))
             }
         }
@@ -1108,6 +1161,7 @@ impl Home {
         grantee: Grantee,
         note: Option<Vec<u8>>,
         recovered: bool,
+        passed: Option<Grantee>,
         auth: &impl Authority,
     ) {
         if key.len() > self.config.limits.max_key_len {
@@ -1115,16 +1169,26 @@ impl Home {
         }
         let Some((k, mut e)) = self.take(&key) else { return };
         self.service(now, &k, &mut e, auth);
+        // The release says what the next grant carries: its note, and whether the next holder
+        // must be told the hand-off was not clean.
+        let (note, recovered) = match note {
+            Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
+            n => (n.map(Vec::into_boxed_slice), recovered),
+        };
         if let Phase::Held(live) = &e.phase
             && live.holder == from
             && live.grantee == grantee
         {
-            // The release says what the next grant carries: its note, and whether the next
-            // holder must be told the hand-off was not clean.
-            let (note, recovered) = match note {
-                Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
-                n => (n.map(Vec::into_boxed_slice), recovered),
+            let how = match passed {
+                Some(g) if e.next().is_some_and(|n| n.successor.grantee == g) => Ended::Passed,
+                _ => Ended::Released { note, recovered },
             };
+            self.end_live(now, &k, &mut e, how, auth);
+            self.service(now, &k, &mut e, auth);
+        } else if e.is_next(from, grantee) {
+            // The successor was passed the key and has given it back already (the holder's own
+            // release is still on its way): both have ended.
+            self.end_live(now, &k, &mut e, Ended::Passed, auth);
             self.set_free(now, &mut e, note, recovered, grantee);
             self.service(now, &k, &mut e, auth);
         }
@@ -1173,14 +1237,22 @@ impl Home {
         token: FencingToken,
     ) -> Option<CheckAnswer> {
         let asked = Grantee::of(token);
+        let next = e.next().map(|n| n.successor);
         let last = match &e.phase {
             Phase::Held(live) if live.grantee == asked => {
                 self.send(live.holder, Body::Probe { key: key.to_vec(), id, token, asker });
                 return None;
             }
-            Phase::Held(Live { grantee: last, .. })
-            | Phase::Delay { last, .. }
-            | Phase::Free { last, .. } => *last,
+            Phase::Held(Live { grantee: last, .. }) => match next {
+                // The successor granted ahead may hold it already.
+                Some(n) if n.grantee == asked => {
+                    self.send(n.to, Body::Probe { key: key.to_vec(), id, token, asker });
+                    return None;
+                }
+                Some(n) => n.grantee,
+                None => *last,
+            },
+            Phase::Delay { last, .. } | Phase::Free { last, .. } => *last,
         };
         // A grantee above the last one was never issued; an equal one's delegation has ended (and
         // its admissions are not known here).
@@ -1210,7 +1282,8 @@ impl Home {
         // bound (no grant under its timing stays live longer). A longer `remaining` is not
         // adopted: the key then waits for `home_active`, which outlasts every earlier delegation.
         let lock_delay = lock_delay.min(self.config.lock_delay);
-        let plausible = live.is_none_or(|h| h.remaining <= auth.timing().fence_bound());
+        let bound = auth.timing().fence_bound();
+        let plausible = live.is_none_or(|h| h.remaining <= bound && h.next.is_none_or(|(_, r)| r <= bound));
         let found = self.keys.find(&key);
         let limits = &self.config.limits;
         let takes_slot = live.is_some() || !lock_delay.is_zero();
@@ -1245,6 +1318,15 @@ impl Home {
                     let end = now + rate_margin(h.remaining, ppm);
                     let live = Live { holder: h.holder, grantee: h.grantee, id: h.id, end };
                     e.phase = Phase::Held(live);
+                    if let Some((successor, remaining)) = h.next {
+                        let end = now + rate_margin(remaining, ppm);
+                        e.queue = Some(Box::new(Queue {
+                            waiters: VecDeque::new(),
+                            recall_next: now,
+                            recalled: false,
+                            next: Some(Next { successor, end }),
+                        }));
+                    }
                 }
                 None if !lock_delay.is_zero() => {
                     e.phase = Phase::Delay { until: now + lock_delay, last: NO_GRANTEE }
@@ -1392,10 +1474,7 @@ impl Home {
         let retry = retry_period(&auth.timing());
         loop {
             match &e.phase {
-                Phase::Held(live) if now >= live.end => {
-                    let (end, last) = (live.end, live.grantee);
-                    self.expire(now, key, e, end, last);
-                }
+                Phase::Held(live) if now >= live.end => self.end_live(now, key, e, Ended::Expired, auth),
                 Phase::Delay { until, last } if now >= *until => {
                     let last = *last;
                     self.set_free(now, e, None, true, last);
@@ -1404,20 +1483,133 @@ impl Home {
                 _ => break,
             }
         }
-        self.expire_waiters(now, key, e);
-        if let Phase::Held(live) = &e.phase
-            && let Some(q) = e.queue.as_mut()
-            && now >= q.recall_next
+        if let Some(q) = e.queue.as_mut()
+            && q.next.is_some_and(|n| now >= n.end)
         {
-            q.recall_next = now + retry;
-            if !std::mem::replace(&mut q.recalled, true) {
-                self.counters.recalls += 1;
-            }
-            let (holder, grantee) = (live.holder, live.grantee);
-            self.send(holder, Body::Recall { key: key.to_vec(), grantee });
+            // Past its conservative end the successor holds nothing, whether passed it or not.
+            q.next = None;
+            e.tidy_queue();
+        }
+        self.expire_waiters(now, key, e);
+        if matches!(e.phase, Phase::Held(_)) && e.queue.as_ref().is_some_and(|q| now >= q.recall_next) {
+            self.recall(now, key, e, retry, auth);
         }
         if e.role == Role::Moved {
             self.hand_over(now, key, e, retry);
+        }
+    }
+
+    /// Sends the Recall of `e`'s live delegation (someone waits), granting the first waiter
+    /// ahead if nobody is yet ([`Home::grant_ahead`]). The Recall carries that successor only
+    /// while this home may grant the key.
+    fn recall(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, retry: Duration, auth: &impl Authority) {
+        let Phase::Held(live) = &e.phase else { return };
+        let (holder, grantee) = (live.holder, live.grantee);
+        let may_pass = self.config.passes
+            && self.config.lock_delay.is_zero()
+            && matches!(e.role, Role::Home | Role::Adopted)
+            && self.may_grant(now, key, e.role, auth).is_ok();
+        if may_pass && e.next().is_none() {
+            self.grant_ahead(now, e, holder, auth);
+        }
+        let Some(q) = e.queue.as_mut() else { return };
+        q.recall_next = now + retry;
+        if !std::mem::replace(&mut q.recalled, true) {
+            self.counters.recalls += 1;
+        }
+        let next = if may_pass { q.next.map(|n| n.successor) } else { None };
+        self.send(holder, Body::Recall { key: key.to_vec(), grantee, next });
+    }
+
+    /// Grants the first waiter of held key `e` ahead, as its [`Next`]: unless that waiter is the
+    /// holder itself or at its per-requester cap (it is then served, or refused, when the key is
+    /// free, as without passes). Its waits that ran out were refused already.
+    fn grant_ahead(&mut self, now: Instant, e: &mut Entry, holder: NodeId, auth: &impl Authority) {
+        let Some(q) = e.queue.as_mut() else { return };
+        let Some(&w) = q.waiters.front() else { return };
+        if w.from == holder || self.delegations_of(w.from) >= self.config.limits.max_per_requester {
+            return;
+        }
+        q.waiters.pop_front();
+        self.counter += 1;
+        self.counters.grants += 1;
+        self.counters.passes += 1;
+        let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
+        let lease = granted_lease(w.lease, auth);
+        let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
+        q.next = Some(Next { successor: Successor { to: w.from, id: w.id, grantee, lease }, end });
+    }
+
+    /// The live delegation of `e` ended as `how` says. A successor granted ahead becomes the live
+    /// delegation: passed on by the holder; or, if the holder released without passing it, or
+    /// the delegation expired (the holder may have passed it, and its `Release` was lost), granted
+    /// by this home itself, if it still may (an expired one stays tracked as live regardless; a
+    /// released one that was never delivered is dropped). Without a successor the key is free,
+    /// or (expired) free or in lock-delay.
+    fn end_live(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, how: Ended, auth: &impl Authority) {
+        let Phase::Held(live) = &e.phase else { return };
+        let (end, last) = (live.end, live.grantee);
+        let next = e.queue.as_mut().and_then(|q| q.next.take());
+        e.tidy_queue();
+        let Some(Next { successor: s, end: next_end }) = next else {
+            match how {
+                Ended::Released { note, recovered } => self.set_free(now, e, note, recovered, last),
+                // Callers say `Passed` only of a successor they found.
+                Ended::Passed => self.set_free(now, e, None, true, last),
+                Ended::Expired => self.expire(now, key, e, end, last),
+            }
+            return;
+        };
+        if matches!(how, Ended::Expired) {
+            self.counters.expiries += 1;
+        }
+        let taken = Live { holder: s.to, grantee: s.grantee, id: s.id, end: next_end };
+        match how {
+            Ended::Passed if self.bugs().forget_passes => {
+                self.set_free(now, e, None, true, s.grantee);
+                return;
+            }
+            Ended::Passed => e.phase = Phase::Held(taken),
+            Ended::Released { note, recovered } if self.may_grant(now, key, e.role, auth).is_err() => {
+                // Never delivered, and this home may not deliver it now.
+                self.set_free(now, e, note, recovered, s.grantee);
+                return;
+            }
+            Ended::Released { note, recovered } => {
+                e.phase = Phase::Held(taken);
+                let note = note.map(Vec::from);
+                self.send(
+                    s.to,
+                    Body::Grant {
+                        key: key.to_vec(),
+                        id: s.id,
+                        grantee: s.grantee,
+                        lease: s.lease,
+                        note,
+                        recovered,
+                    },
+                );
+            }
+            Ended::Expired => {
+                e.phase = Phase::Held(taken);
+                if self.may_grant(now, key, e.role, auth).is_ok() {
+                    let body = Body::Grant {
+                        key: key.to_vec(),
+                        id: s.id,
+                        grantee: s.grantee,
+                        lease: s.lease,
+                        note: None,
+                        recovered: true,
+                    };
+                    self.send(s.to, body);
+                }
+            }
+        }
+        self.counters.handoffs += 1;
+        if let Some(q) = e.queue.as_mut() {
+            // Others still wait: the new holder hears so at once.
+            q.recall_next = now;
+            q.recalled = false;
         }
     }
 
@@ -1483,9 +1675,7 @@ impl Home {
             }
             !refuse
         });
-        if q.waiters.is_empty() {
-            e.queue = None;
-        }
+        e.tidy_queue();
         for (from, id) in refused {
             self.refuse(from, key.to_vec(), id, reason);
         }
@@ -1500,7 +1690,9 @@ impl Home {
         let (live, note, recovered, lock_delay) = match &e.phase {
             Phase::Held(live) => {
                 let remaining = live.end.saturating_duration_since(now);
-                let handed = Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining };
+                let next = e.next().map(|n| (n.successor, n.end.saturating_duration_since(now)));
+                let handed =
+                    Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining, next };
                 (Some(handed), None, false, Duration::ZERO)
             }
             Phase::Delay { until, .. } => (None, None, true, until.saturating_duration_since(now)),
@@ -1539,16 +1731,16 @@ impl Home {
     /// [`Home::take`] of the key in slot `slot` (whose hash is `hash`, if known), if any.
     fn take_slot(&mut self, slot: u32, hash: Option<u64>) -> Option<(KeyRef, Entry)> {
         let (k, e) = self.keys.take(slot, hash)?;
-        match &e.phase {
-            Phase::Held(live) => {
-                self.counts.live -= 1;
-                if let Some(n) = self.counts.per_holder.get_mut(&live.holder) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.counts.per_holder.remove(&live.holder);
-                    }
+        for holder in e.holders() {
+            if let Some(n) = self.counts.per_holder.get_mut(&holder) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.per_holder.remove(&holder);
                 }
             }
+        }
+        match &e.phase {
+            Phase::Held(_) => self.counts.live -= 1,
             Phase::Delay { .. } => self.counts.delayed -= 1,
             Phase::Free { note, .. } => {
                 self.counts.records -= 1;
@@ -1582,11 +1774,11 @@ impl Home {
             e.wake = at;
             self.timers.push(Reverse((at, key.slot)));
         }
+        for holder in e.holders() {
+            *self.counts.per_holder.entry(holder).or_default() += 1;
+        }
         match &e.phase {
-            Phase::Held(live) => {
-                self.counts.live += 1;
-                *self.counts.per_holder.entry(live.holder).or_default() += 1;
-            }
+            Phase::Held(_) => self.counts.live += 1,
             Phase::Delay { .. } => self.counts.delayed += 1,
             Phase::Free { note, .. } => {
                 self.counts.records += 1;
@@ -1633,7 +1825,8 @@ impl Entry {
         match &self.phase {
             Phase::Held(live) => {
                 let recall = self.queue.as_ref().map(|q| q.recall_next);
-                [Some(live.end), first_deadline, recall].into_iter().flatten().min()
+                let next = self.next().map(|n| n.end);
+                [Some(live.end), first_deadline, recall, next].into_iter().flatten().min()
             }
             Phase::Delay { until, .. } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
             Phase::Free { until, .. } => (self.role != Role::Moved).then_some(*until),
@@ -1645,12 +1838,35 @@ impl Entry {
     }
 
     fn pop_waiter(&mut self) -> Option<Waiter> {
-        let q = self.queue.as_mut()?;
-        let w = q.waiters.pop_front();
-        if q.waiters.is_empty() {
+        let w = self.queue.as_mut()?.waiters.pop_front();
+        self.tidy_queue();
+        w
+    }
+
+    /// Drops the queue once nobody is left in it.
+    fn tidy_queue(&mut self) {
+        if self.queue.as_ref().is_some_and(|q| q.waiters.is_empty() && q.next.is_none()) {
             self.queue = None;
         }
-        w
+    }
+
+    /// The successor granted ahead, if any.
+    fn next(&self) -> Option<&Next> {
+        self.queue.as_ref()?.next.as_ref()
+    }
+
+    /// Whether `grantee` is the successor granted ahead to `from`.
+    fn is_next(&self, from: NodeId, grantee: Grantee) -> bool {
+        self.next().is_some_and(|n| n.successor.to == from && n.successor.grantee == grantee)
+    }
+
+    /// The nodes that may hold a delegation of the key: the live one's holder and the successor.
+    fn holders(&self) -> impl Iterator<Item = NodeId> + use<> {
+        let live = match &self.phase {
+            Phase::Held(live) => Some(live.holder),
+            _ => None,
+        };
+        live.into_iter().chain(self.next().map(|n| n.successor.to))
     }
 }
 
@@ -1712,6 +1928,6 @@ mod tests {
         assert_eq!(Home::ENTRY_BYTES, 104);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
         assert_eq!(std::mem::size_of::<Waiter>(), 48);
-        assert_eq!(std::mem::size_of::<Queue>(), 48);
+        assert_eq!(std::mem::size_of::<Queue>(), 120);
     }
 }

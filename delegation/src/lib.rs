@@ -31,6 +31,6 @@ pub use holder::{
 };
 pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
 pub use limits::Limits;
-pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId};
+pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId, Successor};
 pub use token::{FencingToken, TokenParseError};
 pub use walk::DEFAULT_WALK_STEP;

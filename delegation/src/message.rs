@@ -66,14 +66,32 @@ pub enum Body {
     /// Home → requester: request `id` is refused.
     Refuse { key: Key, id: RequestId, reason: Refusal },
     /// Home → holder: someone is waiting; release `grantee` as soon as the local holder is done.
-    Recall { key: Key, grantee: Grantee },
+    /// `next`, when set, is a delegation the home has already granted to the first waiter: the
+    /// holder passes it on directly with [`Body::Pass`] when it releases (see [`Successor`]).
+    Recall { key: Key, grantee: Grantee, next: Option<Successor> },
+    /// Holder → the requester a [`Successor`] names: the delegation the key's home granted it,
+    /// passed on by the previous holder the instant it released, with that holder's handoff note
+    /// and flag (as the home would have sent them in a `Grant`). The receiver takes it as a
+    /// `Grant` from `home` for request `id`; a pass it cannot use goes back to `home` as a
+    /// `Release`.
+    Pass {
+        key: Key,
+        /// The home that granted it, which the receiver asked with request `id`.
+        home: NodeId,
+        id: RequestId,
+        grantee: Grantee,
+        lease: Duration,
+        note: Option<Vec<u8>>,
+        recovered: bool,
+    },
     /// Holder → home: `grantee` is given back, with an optional handoff note for the next holder.
     /// Also how a grant that arrived too late to be useful is handed back. `note` and `recovered`
     /// are what the home records for the next grant: `recovered` says the next grant must be
     /// flagged recovered (the released delegation was itself granted `recovered` and never used,
     /// or it is a grant handed back after the sender's delegation expired). A hand-back of an
-    /// unused grant passes on the `note` and `recovered` it received.
-    Release { key: Key, grantee: Grantee, note: Option<Vec<u8>>, recovered: bool },
+    /// unused grant passes on the `note` and `recovered` it received. `passed` names the
+    /// [`Successor`] the holder sent a [`Body::Pass`] to, if it did: the home then sends no `Grant`.
+    Release { key: Key, grantee: Grantee, note: Option<Vec<u8>>, recovered: bool, passed: Option<Grantee> },
     /// Anyone → home: is `key` held with `token` now, and if not, was it superseded? See
     /// [`crate::check`]. The home answers with `CheckReply`, or forwards a `Probe` to the holder
     /// of the live delegation `token` belongs to.
@@ -110,6 +128,7 @@ impl Body {
             | Body::Grant { key, .. }
             | Body::Refuse { key, .. }
             | Body::Recall { key, .. }
+            | Body::Pass { key, .. }
             | Body::Release { key, .. }
             | Body::Check { key, .. }
             | Body::Probe { key, .. }
@@ -147,6 +166,27 @@ pub struct Handed {
     /// How long, on the old home's clock from its send instant, the old home would still have
     /// treated the delegation as live (its conservative view, already widened for clock rates).
     pub remaining: Duration,
+    /// The successor the old home granted ahead ([`Successor`]), which may hold the key already or
+    /// be passed it later, and how long (as `remaining`) the old home would still have treated it
+    /// as live. The new home keeps both, as the old one did.
+    pub next: Option<(Successor, Duration)>,
+}
+
+/// A delegation a home granted to the first requester waiting for a held key, sent to the
+/// holder in its `Recall` so that the holder hands it on ([`Body::Pass`]) the instant its last
+/// handle ends: the key then changes nodes in one message instead of a `Release` to the home and
+/// a `Grant` from it. The home counts its lease from the instant it first sent the `Recall` that
+/// carried it (after the request was sent, as for any grant), and treats it as live from then on
+/// until its conservative end or a release, whoever of the two nodes turns out to hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Successor {
+    /// The requester it is granted to.
+    pub to: NodeId,
+    /// The request it answers.
+    pub id: RequestId,
+    pub grantee: Grantee,
+    /// Granted length, valid from the instant `to` sent request `id`.
+    pub lease: Duration,
 }
 
 /// Why a home refuses a request. Each says whether and when to retry.

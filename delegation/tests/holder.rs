@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use keyhome_delegation::holder::{Event, Handle, Holder, HolderConfig, LockError, LockOutcome, Ticket};
-use keyhome_delegation::{Authority, Body, CheckAnswer, FencingToken, Grantee, Message, Refusal, RequestId};
+use keyhome_delegation::{
+    Authority, Body, CheckAnswer, FencingToken, Grantee, Message, Refusal, RequestId, Successor,
+};
 use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- allocation counting (rule 8) ----
@@ -163,13 +165,15 @@ fn one_release_flagged(h: &mut Holder) -> (NodeId, Vec<u8>, Grantee, Option<Vec<
     let mut out = sent(h);
     assert_eq!(out.len(), 1, "expected one release: {out:?}");
     match out.pop().expect("one") {
-        (to, Body::Release { key, grantee, note, recovered }) => (to, key, grantee, note, recovered),
+        (to, Body::Release { key, grantee, note, recovered, passed: None }) => {
+            (to, key, grantee, note, recovered)
+        }
         other => panic!("expected a release, got {other:?}"),
     }
 }
 
 fn release(g: Grantee, note: Option<&[u8]>, recovered: bool) -> Body {
-    Body::Release { key: b"k".to_vec(), grantee: g, note: note.map(<[u8]>::to_vec), recovered }
+    Body::Release { key: b"k".to_vec(), grantee: g, note: note.map(<[u8]>::to_vec), recovered, passed: None }
 }
 
 fn grant(
@@ -198,7 +202,7 @@ fn refuse(key: &[u8], id: RequestId, reason: Refusal) -> Message {
 }
 
 fn recall(key: &[u8], g: Grantee) -> Message {
-    Message { epoch: EPOCH, body: Body::Recall { key: key.to_vec(), grantee: g } }
+    Message { epoch: EPOCH, body: Body::Recall { key: key.to_vec(), grantee: g, next: None } }
 }
 
 fn pending(outcome: Result<LockOutcome, LockError>) -> Ticket {
@@ -585,6 +589,7 @@ fn shutdown_releases_idle_delegations_and_waits_for_live_handles() {
         grantee: g,
         note: note.map(<[u8]>::to_vec),
         recovered,
+        passed: None,
     };
     // The idle key passes on at once with its note; the busy one keeps its handle.
     assert_eq!(sent(&mut h), vec![(HOME, release_of(b"idle", grantee(1), Some(b"done"), false))]);
@@ -1506,4 +1511,80 @@ fn a_probe_after_the_release_still_knows_the_local_re_locks() {
     assert_eq!(one_release(&mut h).2, g);
     assert_eq!(probe(&mut h, &auth, at(2_004), b"k", g.token(0)), CheckAnswer::Superseded);
     assert_eq!(probe(&mut h, &auth, at(2_004), b"k", g.token(1)), CheckAnswer::NotHeld);
+}
+
+// ---- passes: a Recall that carries the next holder's delegation ----
+
+#[test]
+fn a_recalled_holder_passes_the_successor_its_delegation_then_tells_the_home() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (handle, _) = acquire(&mut h, &auth, at(0), b"k", 5);
+    let next = Successor { to: OTHER, id: RequestId::new(9, 3), grantee: grantee(6), lease: secs(4) };
+    let message = Message {
+        epoch: EPOCH,
+        body: Body::Recall { key: b"k".to_vec(), grantee: grantee(5), next: Some(next) },
+    };
+    h.handle_message(at(1), HOME, message, &auth);
+    assert!(sent(&mut h).is_empty(), "nothing passes while the handle holds the key");
+    h.unlock(at(2), handle.id, Some(b"n".to_vec())).unwrap();
+    let note = Some(b"n".to_vec());
+    assert_eq!(
+        sent(&mut h),
+        vec![
+            (
+                OTHER,
+                Body::Pass {
+                    key: b"k".to_vec(),
+                    home: HOME,
+                    id: next.id,
+                    grantee: grantee(6),
+                    lease: secs(4),
+                    note: note.clone(),
+                    recovered: false
+                }
+            ),
+            (
+                HOME,
+                Body::Release {
+                    key: b"k".to_vec(),
+                    grantee: grantee(5),
+                    note,
+                    recovered: false,
+                    passed: Some(grantee(6))
+                }
+            ),
+        ]
+    );
+}
+
+#[test]
+fn a_pass_is_taken_as_the_homes_grant_of_the_request_it_names() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    let pass = |id| Message {
+        epoch: EPOCH,
+        body: Body::Pass {
+            key: b"k".to_vec(),
+            home: HOME,
+            id,
+            grantee: grantee(6),
+            lease: secs(4),
+            note: Some(b"n".to_vec()),
+            recovered: false,
+        },
+    };
+    // From the previous holder, not the home; the deadline counts from this node's send instant.
+    h.handle_message(at(3), OTHER, pass(r.id), &auth);
+    let handle = locked_event(&mut h, ticket);
+    assert_eq!((handle.token, handle.deadline), (grantee(6).token(0), at(4_000)));
+    assert_eq!(handle.note.as_deref(), Some(&b"n"[..]));
+    // The home's own grant of the same delegation (it could not tell it was passed) changes nothing.
+    h.handle_message(at(4), HOME, grant(b"k", r.id, grantee(6), secs(4), None, true), &auth);
+    assert!(sent(&mut h).is_empty());
+    // A pass for a request this node never sent goes back to the home named in it.
+    h.handle_message(at(5), OTHER, pass(RequestId::new(1, 77)), &auth);
+    assert!(sent(&mut h).iter().all(|(to, _)| *to == HOME));
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
 use keyhome_delegation::{
     Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, HomeCounters,
-    KeyStatus, Limits, Message, Refusal, RequestId,
+    KeyStatus, Limits, Message, Refusal, RequestId, Successor,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Instant, NodeId, Timing};
@@ -156,7 +156,18 @@ fn end_of(t: Instant, lease: Duration) -> Instant {
     t + rate_margin(lease, TIMING.clock_rate_ppm)
 }
 
+/// The configuration of a home that never grants ahead: the rules tested with it are those of a
+/// Recall without a successor, as a home with passes also follows them whenever it grants none.
+/// Passes have their own section (`passing_home`).
+fn config(id: NodeId) -> HomeConfig {
+    HomeConfig { passes: false, ..HomeConfig::new(id) }
+}
+
 fn home() -> Home {
+    Home::new(config(H), Instant::ZERO)
+}
+
+fn passing_home() -> Home {
     Home::new(HomeConfig::new(H), Instant::ZERO)
 }
 
@@ -199,7 +210,7 @@ fn release_flagged(
     recovered: bool,
 ) -> Message {
     let note = note.map(<[u8]>::to_vec);
-    Message { epoch, body: Body::Release { key: key.to_vec(), grantee, note, recovered } }
+    Message { epoch, body: Body::Release { key: key.to_vec(), grantee, note, recovered, passed: None } }
 }
 
 fn drain(home: &mut Home) -> Vec<(NodeId, Body)> {
@@ -276,7 +287,7 @@ fn refusals_come_in_order_before_any_allocation() {
 #[test]
 fn restart_quarantine_lasts_the_widened_delegation_lease() {
     let started = Instant::from_nanos(5_000_000_000);
-    let mut home = Home::new(HomeConfig::new(H), started);
+    let mut home = Home::new(config(H), started);
     let auth = Script::new(H);
     let end = started + rate_margin(TIMING.max_delegation_lease, TIMING.clock_rate_ppm);
     assert_eq!(home.quarantine_end(&TIMING), end);
@@ -290,7 +301,7 @@ fn restart_quarantine_lasts_the_widened_delegation_lease() {
 
 #[test]
 fn home_full_refuses_before_allocating() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.limits.max_delegations = 2;
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -308,7 +319,7 @@ fn home_full_refuses_before_allocating() {
 
 #[test]
 fn requester_full_refuses_before_allocating() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.limits.max_per_requester = 1;
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -325,7 +336,7 @@ fn requester_full_refuses_before_allocating() {
 
 #[test]
 fn queue_full_refuses_before_allocating() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.limits.max_waiters_per_key = 2;
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -446,7 +457,7 @@ fn recall_is_sent_once_then_again_after_the_period() {
     assert_eq!(period, ms(25));
     let g = grant(&mut home, &auth, at(0), A, b"k", 1);
     home.handle_message(at(1), B, req(b"k", 1, ms(900)), &auth);
-    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g, next: None })]);
     home.handle_message(at(2), C, req(b"k", 1, ms(900)), &auth);
     assert_eq!(drain(&mut home), vec![], "one recall per period, not one per waiter");
     let resend = at(1) + period;
@@ -454,7 +465,7 @@ fn recall_is_sent_once_then_again_after_the_period() {
     home.handle_timeout(resend - Duration::from_nanos(1), &auth);
     assert_eq!(drain(&mut home), vec![]);
     home.handle_timeout(resend, &auth);
-    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    assert_eq!(drain(&mut home), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g, next: None })]);
     assert_eq!(home.poll_timeout(), Some(resend + period));
 }
 
@@ -471,7 +482,7 @@ fn no_recall_when_nobody_waits() {
 
 #[test]
 fn a_request_waits_at_most_the_longest_wait_the_home_allows() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.limits.max_request_wait = ms(100);
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -632,7 +643,7 @@ fn a_release_that_does_not_match_is_ignored() {
 
 #[test]
 fn released_records_are_kept_for_the_retention_then_forgotten() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.record_retention = Duration::from_secs(60);
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -649,7 +660,7 @@ fn released_records_are_kept_for_the_retention_then_forgotten() {
 
 #[test]
 fn record_caps_drop_the_record_and_flag_the_next_grant() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.max_records = 1;
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -706,7 +717,7 @@ fn an_expired_key_without_waiters_is_forgotten_and_recovered() {
 
 #[test]
 fn lock_delay_is_its_own_state_and_is_respected() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.lock_delay = ms(200);
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -745,13 +756,14 @@ fn lock_delay_is_its_own_state_and_is_respected() {
     assert_eq!(home.lock_delayed().count(), 0);
     // For metrics: A's grant and B's (a handoff: B queued behind A), each recalled once however
     // often the Recall was resent; A's expiry, which put the key into lock-delay.
-    let counters = HomeCounters { grants: 2, handoffs: 1, recalls: 2, expiries: 1, lock_delays: 1 };
+    let counters =
+        HomeCounters { grants: 2, handoffs: 1, recalls: 2, expiries: 1, lock_delays: 1, passes: 0 };
     assert_eq!(home.counters(), counters);
 }
 
 #[test]
 fn lock_delay_without_waiters_then_the_key_is_free() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.lock_delay = ms(200);
     let mut home = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -822,7 +834,7 @@ fn a_check_of_the_live_delegation_is_forwarded_to_its_holder() {
 #[test]
 fn the_home_answers_superseded_not_held_and_unknown_by_itself() {
     let mut home = home();
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.lock_delay = ms(100);
     let mut delayed = Home::new(config, Instant::ZERO);
     let auth = Script::new(H);
@@ -877,7 +889,7 @@ fn a_check_the_home_cannot_answer_is_refused_in_the_reply() {
     auth.home = Some(N);
     assert_eq!(answer(&mut home, &auth, at(1), b"k", g.token(0)), Err(Refusal::NotHome));
     // A restarted home in its quarantine has forgotten its delegations.
-    let mut restarted = Home::new(HomeConfig::new(H), at(2));
+    let mut restarted = Home::new(config(H), at(2));
     let auth = Script::new(H);
     let left = restarted.quarantine_end(&TIMING).saturating_duration_since(at(3));
     assert_eq!(answer(&mut restarted, &auth, at(3), b"k", g.token(0)), Err(Refusal::Quarantine(left)));
@@ -899,7 +911,7 @@ fn a_token_from_before_a_handoff_is_judged_by_the_new_home() {
     assert_eq!(answer(&mut new, &auth, at(14), b"k", g.token(3)), Ok(CheckAnswer::Superseded));
     // A new home with no record of the key (no handover) answers only once active, then
     // `UnknownKey`: every earlier delegation has ended by then.
-    let mut fresh = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut fresh = Home::new(config(N), Instant::ZERO);
     assert_eq!(answer(&mut fresh, &auth, at(11), b"k", g.token(3)), Err(Refusal::Activating));
     auth.active = true;
     assert_eq!(answer(&mut fresh, &auth, at(11), b"k", g.token(3)), Ok(CheckAnswer::UnknownKey));
@@ -945,7 +957,7 @@ fn a_moved_key_is_handed_over_and_forgotten_on_the_ack() {
     let end = end_of(at(0), ms(500));
     let handover = |remaining| Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining, next: None }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -1026,13 +1038,13 @@ fn an_unacknowledged_handover_keeps_the_delegation_until_its_end_then_gives_up()
 /// The new home's side: adopt, re-grant right after the handed delegation is released.
 #[test]
 fn the_new_home_adopts_and_regrants_right_after_the_release() {
-    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut new = Home::new(config(N), Instant::ZERO);
     let mut auth = Script::new(N);
     auth.epoch = 2;
     auth.active = false; // the activation wait is still running
     auth.previous = Some(H);
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
-    let handed = Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) };
+    let handed = Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None };
     let handover = |epoch| Message {
         epoch,
         body: Body::Handover {
@@ -1058,7 +1070,7 @@ fn the_new_home_adopts_and_regrants_right_after_the_release() {
     assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
     // A waiter queues and the holder is recalled, though `home_active` is still false.
     new.handle_message(at(20), B, request(2, b"k", 2, ms(500), ms(900), None), &auth);
-    assert_eq!(drain(&mut new), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g })]);
+    assert_eq!(drain(&mut new), vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g, next: None })]);
     // The holder renews? Others wait: refused. It releases: the waiter gets the key at once.
     new.handle_message(at(30), A, release(2, b"k", g, Some(b"n")), &auth);
     let (id, g2, _, note, recovered) = the_grant(&mut new, B);
@@ -1075,7 +1087,7 @@ fn the_new_home_adopts_and_regrants_right_after_the_release() {
 /// A new home (`N`, epoch 2, activation wait still running) that adopted at `at(10)` the live
 /// delegation of `b"k"` held by `A`, with 400 ms left, from the previous home `H`.
 fn adopting() -> (Home, Script, Grantee) {
-    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut new = Home::new(config(N), Instant::ZERO);
     let mut auth = Script::new(N);
     auth.epoch = 2;
     auth.active = false;
@@ -1083,7 +1095,7 @@ fn adopting() -> (Home, Script, Grantee) {
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     let body = Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -1117,7 +1129,7 @@ fn handed_durations_beyond_what_the_epoch_and_config_allow_are_not_taken_at_face
         epoch: 2,
         body: Body::Handover { key: key.to_vec(), live, note: None, recovered: true, lock_delay },
     };
-    let mut config = HomeConfig::new(N);
+    let mut config = config(N);
     config.lock_delay = ms(300);
     let mut new = Home::new(config, Instant::ZERO);
     // A delegation said to outlive every grant the epoch's timing allows: acknowledged but not
@@ -1125,13 +1137,14 @@ fn handed_durations_beyond_what_the_epoch_and_config_allow_are_not_taken_at_face
     // instead of staying held forever.
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     for remaining in [TIMING.fence_bound() + Duration::from_nanos(1), Duration::MAX] {
-        let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining });
+        let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining, next: None });
         new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
         assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
         assert_eq!((new.tracked_keys(), new.delegation(b"k")), (0, None));
     }
     // Up to the bound, adopted.
-    let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining: TIMING.fence_bound() });
+    let live =
+        Some(Handed { holder: A, grantee: g, id: rid(1), remaining: TIMING.fence_bound(), next: None });
     new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
     assert!(new.is_adopted(b"k"));
     // A lock-delay is cut to this home's own.
@@ -1156,7 +1169,7 @@ fn a_handover_is_adopted_only_from_the_previous_home_under_the_same_epoch() {
     auth.active = false;
     auth.previous = Some(H);
     // From a node that was not the key's home: acknowledged (harmless) but not adopted.
-    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut new = Home::new(config(N), Instant::ZERO);
     new.handle_message(at(0), C, handover(2), &auth);
     assert_eq!(drain(&mut new), vec![(C, Body::HandoverAck { key: b"k".to_vec() })]);
     assert!(!new.is_adopted(b"k"));
@@ -1217,7 +1230,7 @@ fn after_a_skipped_epoch_nothing_is_handed_over_and_notes_are_dropped() {
 
 /// A home that looks at `step` slots per step of an epoch walk.
 fn walking_home(me: NodeId, step: u32) -> Home {
-    let mut config = HomeConfig::new(me);
+    let mut config = config(me);
     config.walk_step = step;
     Home::new(config, Instant::ZERO)
 }
@@ -1331,7 +1344,7 @@ fn a_key_the_walk_had_not_reached_when_the_next_epoch_came_is_not_trusted() {
         let g = Grantee { epoch: 1, incarnation: 3, counter: i as u64 + 1 };
         let body = Body::Handover {
             key: key.to_vec(),
-            live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400) }),
+            live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None }),
             note: None,
             recovered: false,
             lock_delay: Duration::ZERO,
@@ -1371,7 +1384,7 @@ fn grantees_increase_across_grants_runs_and_epochs() {
     // The home restarts: the counter starts over, the incarnation grows.
     auth.incarnation = 2;
     let start = at(100);
-    let mut home = Home::new(HomeConfig::new(H), start);
+    let mut home = Home::new(config(H), start);
     let after_quarantine = home.quarantine_end(&TIMING);
     seen.push(grant(&mut home, &auth, after_quarantine, A, b"k", 10));
     // The epoch changes with the key staying here.
@@ -1389,7 +1402,7 @@ fn grantees_increase_across_grants_runs_and_epochs() {
 
 #[test]
 fn no_timer_spin_over_a_long_scripted_run() {
-    let mut config = HomeConfig::new(H);
+    let mut config = config(H);
     config.lock_delay = ms(30);
     config.record_retention = ms(700);
     let mut home = Home::new(config, Instant::ZERO);
@@ -1509,4 +1522,134 @@ fn memory_per_live_delegation() {
     const { assert!(Home::ENTRY_BYTES <= 104) };
     assert!(worst.0 <= 200.0, "{:.1} bytes per delegation at {}", worst.0, worst.1);
     assert!(measured.abs_diff(estimate) <= 4, "estimate {estimate} vs measured {measured}");
+}
+
+// ---- passes: the first waiter granted ahead in the Recall ----
+
+/// A Release of `grantee` that says it passed `passed` on.
+fn release_passing(key: &[u8], grantee: Grantee, note: Option<&[u8]>, passed: Option<Grantee>) -> Message {
+    let note = note.map(<[u8]>::to_vec);
+    Message { epoch: 1, body: Body::Release { key: key.to_vec(), grantee, note, recovered: false, passed } }
+}
+
+/// `A` holds `k` (granted at 0); `B` queues at 1 ms and is granted ahead in the Recall to `A`.
+/// Returns A's grantee and B's successor.
+fn granted_ahead(home: &mut Home, auth: &Script) -> (Grantee, Successor) {
+    let g = grant(home, auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 10, ms(900)), auth);
+    let next = match &drain(home)[..] {
+        [(A, Body::Recall { grantee, next: Some(next), .. })] if *grantee == g => *next,
+        other => panic!("expected a Recall to A carrying a successor, got {other:?}"),
+    };
+    assert_eq!((next.to, next.id, next.lease), (B, rid(10), ms(500)));
+    assert!(next.grantee > g, "a later grant of the key has a larger grantee");
+    assert_eq!(waiters(home, b"k"), vec![], "the successor no longer waits");
+    assert_eq!(home.counters().passes, 1);
+    (g, next)
+}
+
+#[test]
+fn a_passed_delegation_moves_to_its_successor_without_a_grant() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, next) = granted_ahead(&mut home, &auth);
+    // A resend of B's request is neither queued again nor answered: A answers it.
+    home.handle_message(at(2), B, req(b"k", 10, ms(900)), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    home.handle_message(at(3), A, release_passing(b"k", g, Some(b"n"), Some(next.grantee)), &auth);
+    assert_eq!(drain(&mut home), vec![], "A passed it: nothing for the home to send");
+    let d = home.delegation(b"k").expect("live");
+    assert_eq!((d.holder, d.grantee), (B, next.grantee));
+    assert_eq!(d.end, end_of(at(1), ms(500)), "its lease counts from the Recall that granted it");
+    // The next waiter is granted ahead in a Recall to B at once.
+    home.handle_message(at(4), C, req(b"k", 20, ms(900)), &auth);
+    assert!(matches!(&drain(&mut home)[..], [(B, Body::Recall { next: Some(Successor { to: C, .. }), .. })]));
+}
+
+#[test]
+fn a_release_that_passed_nothing_is_granted_on_by_the_home() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, next) = granted_ahead(&mut home, &auth);
+    // Released before the Recall arrived (or by a holder that did not pass it): the home sends
+    // the successor its grant, with the release's note.
+    home.handle_message(at(3), A, release_passing(b"k", g, Some(b"n"), None), &auth);
+    let (id, grantee, lease, note, recovered) = the_grant(&mut home, B);
+    assert_eq!((id, grantee, lease), (10, next.grantee, ms(500)));
+    assert_eq!((note.as_deref(), recovered), (Some(&b"n"[..]), false));
+}
+
+#[test]
+fn an_expired_holder_leaves_its_successor_live() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, next) = granted_ahead(&mut home, &auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(2_000)), &auth);
+    drain(&mut home);
+    // A's Release (and maybe its Pass) is lost; at A's end the home cannot tell whether B holds
+    // the key, so B holds it, granted `recovered`, to the end counted from the Recall.
+    let a_end = end_of(at(0), ms(500));
+    home.handle_timeout(a_end, &auth);
+    let out = drain(&mut home);
+    assert!(
+        out.contains(&(
+            B,
+            Body::Grant {
+                key: b"k".to_vec(),
+                id: rid(10),
+                grantee: next.grantee,
+                lease: ms(500),
+                note: None,
+                recovered: true
+            }
+        )),
+        "{out:?}"
+    );
+    assert!(out.iter().all(|(to, _)| *to != C), "C is not granted while B may hold the key: {out:?}");
+    let d = home.delegation(b"k").expect("live");
+    assert_eq!((d.holder, d.grantee, d.end), (B, next.grantee, end_of(at(1), ms(500))));
+    // A's late release changes nothing.
+    home.handle_message(a_end, A, release_passing(b"k", g, None, Some(next.grantee)), &auth);
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(B));
+}
+
+#[test]
+fn a_successor_that_releases_first_frees_the_key() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, next) = granted_ahead(&mut home, &auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(900)), &auth);
+    drain(&mut home);
+    // B was passed the key and gave it back before A's release reached the home.
+    home.handle_message(at(5), B, release_passing(b"k", next.grantee, Some(b"b"), None), &auth);
+    let (id, _, _, note, _) = the_grant(&mut home, C);
+    assert_eq!((id, note.as_deref()), (20, Some(&b"b"[..])));
+    home.handle_message(at(6), A, release_passing(b"k", g, None, Some(next.grantee)), &auth);
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(C), "A's late release is stale");
+}
+
+#[test]
+fn a_check_of_the_successors_token_asks_the_successor() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, next) = granted_ahead(&mut home, &auth);
+    assert!(matches!(
+        &check(&mut home, &auth, at(2), b"k", next.grantee.token(0))[..],
+        [(B, Body::Probe { .. })]
+    ));
+    assert!(matches!(&check(&mut home, &auth, at(2), b"k", g.token(0))[..], [(A, Body::Probe { .. })]));
+}
+
+#[test]
+fn no_pass_under_lock_delay_nor_to_the_holder_itself() {
+    let config = HomeConfig { lock_delay: ms(100), ..HomeConfig::new(H) };
+    let mut home = Home::new(config, Instant::ZERO);
+    let auth = Script::new(H);
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 10, ms(900)), &auth);
+    assert!(matches!(&drain(&mut home)[..], [(A, Body::Recall { next: None, .. })]));
+    let mut home = passing_home();
+    grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), A, req(b"k", 2, ms(900)), &auth);
+    assert!(matches!(&drain(&mut home)[..], [(A, Body::Recall { next: None, .. })]));
 }

@@ -45,7 +45,7 @@ pub fn observe_span(histogram: &Histogram, since: Instant, now: Instant) {
 }
 
 /// Every kind of message between nodes, as the `kind` label of `keyhome_messages_total`.
-pub const MESSAGE_KINDS: [&str; 17] = [
+pub const MESSAGE_KINDS: [&str; 18] = [
     "epoch_prepare",
     "epoch_accept",
     "epoch_vote",
@@ -63,6 +63,7 @@ pub const MESSAGE_KINDS: [&str; 17] = [
     "delegation_check_reply",
     "delegation_handover",
     "delegation_handover_ack",
+    "delegation_pass",
 ];
 
 /// The index of `message`'s kind in [`MESSAGE_KINDS`].
@@ -99,6 +100,7 @@ pub fn delegation_kind(message: &DMessage) -> usize {
         DBody::CheckReply { .. } => 14,
         DBody::Handover { .. } => 15,
         DBody::HandoverAck { .. } => 16,
+        DBody::Pass { .. } => 17,
     }
 }
 

@@ -37,7 +37,8 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 unless --locks is given too (the lock simulation with that rule off)
   --lock-bug NAME  switch off one delegation rule: deadline-from-receipt, no-rate-margin,
                 release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
-                shards number their handles alike), incarnation,
+                shards number their handles alike), forget-passes (a home forgets the successor a
+                holder passed the key to), incarnation,
                 delegation-bound (an earlier epoch's lease lets a home grant the current
                 epoch's longer delegations); or one
                 epoch-change rule, caught only with --calm: no-handover (homes adopt no
@@ -336,7 +337,7 @@ fn print_lock_stats(reports: &[&LockReport]) {
         sum(|r| r.stats.epoch_messages),
     );
     println!(
-        "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} probes ok: {}",
+        "writes accepted: {} refused: {} (late after a pause: {}) pauses: {} notes delivered: {} recovered: {} probes ok: {} passes: {}",
         sum(|r| r.stats.writes_accepted),
         sum(|r| r.stats.writes_refused),
         sum(|r| r.stats.paused_writes_refused),
@@ -344,6 +345,7 @@ fn print_lock_stats(reports: &[&LockReport]) {
         sum(|r| r.stats.notes_delivered),
         sum(|r| r.stats.recovered),
         sum(|r| r.stats.probes_ok),
+        sum(|r| r.stats.passes),
     );
     let mut handover = HandoverStats::default();
     for r in reports {

@@ -84,6 +84,13 @@ fn key_shards_that_number_their_handles_alike_are_caught() {
 }
 
 #[test]
+fn a_home_that_forgets_a_passed_delegation_is_caught() {
+    // The holder passed the key to the successor granted ahead in its Recall; the home, told so,
+    // frees the key and grants it to the next waiter while the successor still holds it.
+    caught("forget-passes", &[LockKind::Overlap]);
+}
+
+#[test]
 fn an_incarnation_that_is_not_durable_makes_tokens_fail_to_increase() {
     caught("incarnation", &[LockKind::TokenOrder, LockKind::FenceRegression]);
 }

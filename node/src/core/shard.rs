@@ -366,7 +366,7 @@ impl Shard {
                 self.hot.recalled(key);
                 self.holder.handle_message(now, from, message, &*self.view)
             }
-            DBody::Grant { .. } | DBody::Refuse { .. } | DBody::Probe { .. } => {
+            DBody::Grant { .. } | DBody::Pass { .. } | DBody::Refuse { .. } | DBody::Probe { .. } => {
                 self.holder.handle_message(now, from, message, &*self.view)
             }
             DBody::CheckReply { key, id, answer } => {

@@ -198,7 +198,12 @@ impl Run {
                 }
             }
             1 => Body::Refuse { key, id, reason: g.refusal() },
-            _ => Body::Recall { key, grantee: g.grantee(&self.grantees) },
+            _ => {
+                let grantee = g.grantee(&self.grantees);
+                let ids: Vec<RequestId> = self.sent.iter().map(|s| s.id).collect();
+                let next = g.bool().then(|| g.successor(&self.grantees, &ids, scale));
+                Body::Recall { key, grantee, next }
+            }
         };
         (from, keyhome_delegation::Message { epoch: g.number_near(epoch, u64::MAX), body })
     }

@@ -12,6 +12,7 @@ use arbitrary::Unstructured;
 use keyhome::wire::{PeerFrame, Request};
 use keyhome_delegation::{
     Body as DBody, CheckAnswer, FencingToken, Grantee, Handed, Message as DMessage, Refusal, RequestId,
+    Successor,
 };
 use keyhome_epoch::paxos::{Ballot, Vote};
 use keyhome_epoch::record::{MAX_ADDR_LEN, MAX_LEASE};
@@ -278,6 +279,16 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// A delegation granted ahead ([`Successor`]), naming `grantees` and request `ids` seen so far.
+    pub fn successor(&mut self, grantees: &[Grantee], ids: &[RequestId], scale: Duration) -> Successor {
+        Successor {
+            to: self.node(),
+            id: self.request_id(ids),
+            grantee: self.grantee(grantees),
+            lease: self.duration(scale),
+        }
+    }
+
     /// A delegation message under an epoch near `epoch`, naming `grantees` and request `ids`
     /// seen so far, and durations around `scale`.
     pub fn delegation_message(
@@ -289,7 +300,7 @@ impl<'a> Gen<'a> {
     ) -> DMessage {
         let epoch = self.number_near(epoch, MAX_EPOCH);
         let key = self.key();
-        let body = match self.index(10) {
+        let body = match self.index(11) {
             0 => DBody::Request {
                 key,
                 id: self.request_id(ids),
@@ -306,13 +317,23 @@ impl<'a> Gen<'a> {
                 recovered: self.bool(),
             },
             2 => DBody::Refuse { key, id: self.request_id(ids), reason: self.refusal() },
-            3 => DBody::Recall { key, grantee: self.grantee(grantees) },
+            3 => {
+                let grantee = self.grantee(grantees);
+                let next = self.bool().then(|| self.successor(grantees, ids, scale));
+                DBody::Recall { key, grantee, next }
+            }
             4 => DBody::Release {
                 key,
                 grantee: self.grantee(grantees),
                 note: self.note(),
                 recovered: self.bool(),
+                passed: self.bool().then(|| self.grantee(grantees)),
             },
+            10 => {
+                let Successor { id, grantee, lease, .. } = self.successor(grantees, ids, scale);
+                let (home, note, recovered) = (self.node(), self.note(), self.bool());
+                DBody::Pass { key, home, id, grantee, lease, note, recovered }
+            }
             5 => DBody::Check { key, id: self.request_id(ids).seq, token: self.token(grantees) },
             6 => {
                 let answer = match self.index(5) {
@@ -331,11 +352,13 @@ impl<'a> Gen<'a> {
                 asker: self.node(),
             },
             7 => {
+                let next = self.bool().then(|| (self.successor(grantees, ids, scale), self.duration(scale)));
                 let live = self.bool().then(|| Handed {
                     holder: self.node(),
                     grantee: self.grantee(grantees),
                     id: self.request_id(ids),
                     remaining: self.duration(scale),
+                    next,
                 });
                 DBody::Handover {
                     key,

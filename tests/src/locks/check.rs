@@ -102,6 +102,8 @@ pub struct LockStats {
     pub immediate: u64,
     pub lock_failures: u64,
     pub grants: u64,
+    /// Delegations a holder passed straight to the successor its Recall named.
+    pub passes: u64,
     pub writes_accepted: u64,
     /// Writes the fenced resource refused (stale tokens), and how many of those were late writes
     /// of a paused client.

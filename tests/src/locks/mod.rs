@@ -63,13 +63,14 @@ pub struct SimBugs {
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 10] = [
+pub const LOCK_BUG_NAMES: [&str; 11] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
     "no-quarantine",
     "ignore-activation",
     "shared-serials",
+    "forget-passes",
     "incarnation",
     "delegation-bound",
     "no-handover",

@@ -494,10 +494,12 @@ impl LockWorld {
     /// the granting rules, what homes say during epoch changes, and clean releases.
     fn observe_deleg(&mut self, i: usize, message: &DMessage) {
         match &message.body {
-            DBody::Grant { key, .. } => self.check_grant(i, key),
+            // A Recall that carries a successor grants it (ahead): the same rules hold.
+            DBody::Grant { key, .. } | DBody::Recall { key, next: Some(_), .. } => self.check_grant(i, key),
+            DBody::Pass { .. } => self.checker.stats.passes += 1,
             // A release flagged `recovered` does not vouch for a clean end: the checker still
             // expects the next holder to be told.
-            DBody::Release { key, grantee, note, recovered: false } => {
+            DBody::Release { key, grantee, note, recovered: false, .. } => {
                 if let Some(k) = self.scenario.base.keys.iter().position(|n| n == key) {
                     self.checker.released(k, *grantee, note.is_some());
                 }
