@@ -315,6 +315,10 @@ async fn hot_key_handoff(nodes: &Arc<Vec<Node>>, run_for: Duration) -> f64 {
                 assert!(!inside.swap(true, Ordering::AcqRel), "two nodes admitted the hot key at once");
                 inside.store(false, Ordering::Release);
                 drop(guard);
+                // A re-lock under the held delegation completes without ever suspending: without a
+                // yield, a worker that keeps winning holds its runtime thread and starves the
+                // tasks that carry the nodes' messages (the Recall it should answer among them).
+                tokio::task::yield_now().await;
             }
         }));
     }
