@@ -1564,46 +1564,33 @@ impl Home {
             self.counters.expiries += 1;
         }
         let taken = Live { holder: s.to, grantee: s.grantee, id: s.id, end: next_end };
-        match how {
+        let may_grant = self.may_grant(now, key, e.role, auth).is_ok();
+        // What the home itself must send the successor, if anything.
+        let grant = match how {
             Ended::Passed if self.bugs().forget_passes => {
                 self.set_free(now, e, None, true, s.grantee);
                 return;
             }
-            Ended::Passed => e.phase = Phase::Held(taken),
-            Ended::Released { note, recovered } if self.may_grant(now, key, e.role, auth).is_err() => {
+            Ended::Passed => None,
+            Ended::Released { note, recovered } if !may_grant => {
                 // Never delivered, and this home may not deliver it now.
                 self.set_free(now, e, note, recovered, s.grantee);
                 return;
             }
-            Ended::Released { note, recovered } => {
-                e.phase = Phase::Held(taken);
-                let note = note.map(Vec::from);
-                self.send(
-                    s.to,
-                    Body::Grant {
-                        key: key.to_vec(),
-                        id: s.id,
-                        grantee: s.grantee,
-                        lease: s.lease,
-                        note,
-                        recovered,
-                    },
-                );
-            }
-            Ended::Expired => {
-                e.phase = Phase::Held(taken);
-                if self.may_grant(now, key, e.role, auth).is_ok() {
-                    let body = Body::Grant {
-                        key: key.to_vec(),
-                        id: s.id,
-                        grantee: s.grantee,
-                        lease: s.lease,
-                        note: None,
-                        recovered: true,
-                    };
-                    self.send(s.to, body);
-                }
-            }
+            Ended::Released { note, recovered } => Some((note.map(Vec::from), recovered)),
+            Ended::Expired => may_grant.then_some((None, true)),
+        };
+        e.phase = Phase::Held(taken);
+        if let Some((note, recovered)) = grant {
+            let body = Body::Grant {
+                key: key.to_vec(),
+                id: s.id,
+                grantee: s.grantee,
+                lease: s.lease,
+                note,
+                recovered,
+            };
+            self.send(s.to, body);
         }
         self.counters.handoffs += 1;
         if let Some(q) = e.queue.as_mut() {
