@@ -52,6 +52,26 @@ struct Args {
     /// The etcdctl binary for the CLI scenario.
     #[arg(long, default_value = "etcdctl")]
     etcdctl: String,
+    /// Run only these scenarios (comma-separated; default all).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    only: Vec<Scenario>,
+}
+
+/// The scenarios, as `--only` names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    Relock,
+    Fresh,
+    Hot,
+    Parallel,
+    Cli,
+}
+
+impl Args {
+    /// Whether `scenario` is to run.
+    fn runs(&self, scenario: Scenario) -> bool {
+        self.only.is_empty() || self.only.contains(&scenario)
+    }
 }
 
 /// A system under test.
@@ -376,6 +396,33 @@ fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_owned()
 }
 
+/// The machine's CPU time so far, from `/proc/stat`, in clock ticks: all of it, and what the
+/// hypervisor gave to other guests (steal). On a shared virtual machine steal slows every system
+/// alike, and varies from minute to minute: each round and each hot-key run say how much.
+#[derive(Clone, Copy, Default)]
+struct CpuTimes {
+    total: u64,
+    steal: u64,
+}
+
+impl CpuTimes {
+    fn now() -> CpuTimes {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else { return CpuTimes::default() };
+        let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|t| t.parse().ok()).collect();
+        // user nice system idle iowait irq softirq steal guest guest_nice: guest time is counted
+        // in user already.
+        CpuTimes { total: ticks.iter().take(8).sum(), steal: ticks.get(7).copied().unwrap_or(0) }
+    }
+
+    /// The share of CPU time stolen since `earlier`, as a percentage.
+    fn stolen_since(&self, earlier: CpuTimes) -> String {
+        let total = self.total.saturating_sub(earlier.total);
+        let steal = self.steal.saturating_sub(earlier.steal);
+        if total == 0 { "n/a".into() } else { format!("{:.0} %", 100.0 * steal as f64 / total as f64) }
+    }
+}
+
 /// Prints one table per scenario: each system's value and keyhome ÷ it.
 fn print_tables(title: &str, figures: &[Figure], systems: &[System]) {
     println!("\n## {title}\n");
@@ -408,14 +455,14 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     let order: Vec<&System> =
         systems.iter().cycle().skip(round % systems.len()).take(systems.len()).collect();
     let r = round;
-    for system in &order {
+    for system in order.iter().filter(|_| args.runs(Scenario::Relock)) {
         let result = async {
             let mut conn = Conn::open(system, cluster, 0).await?;
             Ok((latency(&mut conn, args.iters, |_| format!("relock-{r}")).await?, String::new()))
         };
         push("re-lock, lock+unlock p50 (µs)", system, result.await);
     }
-    for system in &order {
+    for system in order.iter().filter(|_| args.runs(Scenario::Fresh)) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
         let result = async {
             let mut conn = Conn::open(system, cluster, 0).await?;
@@ -423,11 +470,12 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
         };
         push("fresh key, lock+unlock p50 (µs)", system, result.await);
     }
-    for system in &order {
+    for system in order.iter().filter(|_| args.runs(Scenario::Hot)) {
+        let cpu = CpuTimes::now();
         let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await.map(|mut hot| {
             let rate = hot.handoffs as f64 / args.seconds;
             let detail = format!(
-                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}",
+                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}, CPU stolen {}",
                 hot.acquisitions,
                 hot.handoffs,
                 micros(percentile(&mut hot.waits, 0.5)),
@@ -438,6 +486,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
                 } else {
                     hot.token_regressions.to_string()
                 },
+                CpuTimes::now().stolen_since(cpu),
             );
             (rate, detail)
         });
@@ -446,7 +495,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     for (clients, scenario) in
         [(12, "12 clients, distinct keys, ops/s"), (48, "48 clients, distinct keys, ops/s")]
     {
-        for system in &order {
+        for system in order.iter().filter(|_| args.runs(Scenario::Parallel)) {
             let prefix = format!("par{clients}-{}-{r}", system.name().len());
             let result = parallel(system, cluster, clients, &prefix, args.seconds).await;
             push(scenario, system, result.map(|v| (v, String::new())));
@@ -454,7 +503,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     }
     let profile = cluster.dir.join("client-app/profile.toml");
     let profile = profile.to_string_lossy().into_owned();
-    for system in &order {
+    for system in order.iter().filter(|_| args.runs(Scenario::Cli)) {
         let result = match system {
             System::Keyhome { pipelined: false } => cli_p50(
                 || cluster.cli_command(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
@@ -510,10 +559,15 @@ async fn main() -> Result<(), Error> {
 
     let mut all = Vec::new();
     for r in 0..args.rounds {
-        let load = loadavg();
+        let (load, cpu) = (loadavg(), CpuTimes::now());
         let figures = round(&args, &cluster, &systems, r).await;
         print_tables(
-            &format!("Round {} (load before: {load}; after: {})", r + 1, loadavg()),
+            &format!(
+                "Round {} (load before: {load}; after: {}; CPU stolen by the hypervisor: {})",
+                r + 1,
+                loadavg(),
+                CpuTimes::now().stolen_since(cpu)
+            ),
             &figures,
             &systems,
         );
