@@ -24,8 +24,8 @@
 //!
 //! # Pipelining
 //!
-//! On the local socket, [`ClientLock::unlock_nowait`] sends the unlock without waiting for its
-//! answer: the next request on the connection sees its effect. [`ClientLock::relock`] unlocks
+//! On the local socket, [`ClientLock::unlock_nowait`] sends the unlock as a cast, which the node
+//! does not answer: the next request on the connection sees its effect. [`ClientLock::relock`] unlocks
 //! and locks again in one round trip (on either transport).
 //!
 //! # Deadlines
@@ -534,8 +534,8 @@ impl ClientLock {
     }
 
     /// Unlocks without waiting for the node's answer (its errors are not seen). On the local
-    /// socket the next request on the connection sees the key unlocked; over QUIC the unlock
-    /// goes in the background.
+    /// socket it goes as a cast, which the node does not answer at all, and the next request on
+    /// the connection sees the key unlocked; over QUIC the unlock goes in the background.
     pub async fn unlock_nowait(mut self, note: Option<Vec<u8>>) -> Result<(), ClientError> {
         self.done = true;
         self.client.send(Request::Unlock { handle: self.info.handle, note }).await

@@ -13,8 +13,8 @@
 //!
 //! The requests of one connection are *started* in the order they arrive: each one's first
 //! step (an unlock, a lock admitted at once, a lock queued behind the holder) is taken before the
-//! next frame is read. So a client may send an unlock without waiting for its answer and the next
-//! request on the connection sees its effect.
+//! next frame is read. So a client may send an unlock without waiting for its answer, or as a
+//! [`LocalRequest::Cast`] that gets none, and the next request on the connection sees its effect.
 //!
 //! # Identity
 //!
@@ -268,6 +268,7 @@ impl Connection {
             };
             let keep_on = match request {
                 Ok(LocalRequest::Call { id, request }) => self.call(id, request).await,
+                Ok(LocalRequest::Cast { request }) => self.cast(request).await,
                 Ok(LocalRequest::Cancel { id }) => {
                     if let Some(task) = self.waiting.remove(&id) {
                         task.abort();
@@ -317,6 +318,25 @@ impl Connection {
             self.waiting.retain(|_, task| !task.is_finished());
         }
         self.waiting.insert(id, task.abort_handle());
+        true
+    }
+
+    /// Carries out a cast as far as it goes at once and answers nothing: what would wait is
+    /// withdrawn (the answer's future is dropped, as a `Cancel` drops it). A cast never stays in
+    /// flight, so it takes no in-flight slot. False once the connection is to end.
+    async fn cast(&mut self, request: Request) -> bool {
+        if let Request::Subscribe = request {
+            let error =
+                ApiError::new(ErrorKind::Invalid, "Subscribe cannot be a Cast: its events follow its answer");
+            let _ = self.out.send(LocalFrame::Refused(error)).await;
+            return false;
+        }
+        let mut answer = std::pin::pin!(crate::api::answer(&self.shared, self.owner, &self.role, request));
+        match poll_once(&mut answer).await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => tracing::debug!(conn = self.owner.conn, "a cast failed: {}", e.message),
+            None => tracing::debug!(conn = self.owner.conn, "a cast would have waited: withdrawn"),
+        }
         true
     }
 

@@ -348,7 +348,7 @@ pub enum EventKind {
 /// each [`LocalRequest::Call`] with a [`LocalFrame::Answer`] of the same `id`, possibly out of
 /// order, but starts the requests of one connection in the order they arrive, so a request sees
 /// the effect of every earlier one that completes at once (an unlock, say) without waiting for
-/// its answer.
+/// its answer, or without any answer ([`LocalRequest::Cast`]).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum LocalRequest {
     Call {
@@ -358,6 +358,13 @@ pub enum LocalRequest {
     /// The client gave up on call `id`: a lock still waiting is withdrawn; no answer follows.
     Cancel {
         id: u64,
+    },
+    /// A request whose answer the client does not want (a pipelined unlock): the node carries it
+    /// out as far as it goes at once, as it starts a `Call`, and sends nothing back, not even an
+    /// error. What would have to wait (a lock queued behind its holder) is withdrawn at once.
+    /// `Subscribe` cannot be cast (its events follow its answer): the node refuses the frame.
+    Cast {
+        request: Request,
     },
 }
 

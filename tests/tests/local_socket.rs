@@ -1,6 +1,6 @@
 //! The client API on a node's Unix socket (node/src/local.rs), against real `keyhome run`
 //! processes: identity from the peer's uid, refused peers, bad frames, many requests in flight,
-//! pipelined unlocks and relocks, sessions and lost-lock events as on QUIC.
+//! pipelined unlocks and relocks, casts, sessions and lost-lock events as on QUIC.
 //!
 //! The harness lays every node out with a socket on which this test's uid is the client `app`
 //! (the identity of the `app` certificate on QUIC); tests that need other mappings rewrite a
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use keyhome::client::{Client, ClientError};
 use keyhome::config::{LocalAllow, LocalRole, LocalSettings, NodeConfig, write_toml};
-use keyhome::wire::{ErrorKind, EventKind, LocalFrame, MAX_CLIENT_FRAME};
+use keyhome::wire::{ErrorKind, EventKind, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
 use keyhome_epoch::{Change, NodeId};
 use keyhome_sim::cluster::{Cluster, Options, PATIENCE, key_homed_on};
 
@@ -272,6 +272,67 @@ async fn a_pipelined_unlock_is_seen_by_the_next_request_and_relock_is_one_call()
         again.unlock(None).await.expect("unlock");
     }
     last.unlock(None).await.expect("unlock");
+}
+
+/// Writes `request` as one frame on a raw connection.
+fn send_frame(stream: &mut std::os::unix::net::UnixStream, request: &LocalRequest) {
+    let frame = keyhome::wire::encode(request, MAX_CLIENT_FRAME).expect("encode");
+    stream.write_all(&frame).expect("send");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
+    let cluster = started().await;
+    let (held, queued) =
+        (key_homed_on("cast-held", &[1, 2, 3], 3), key_homed_on("cast-queued", &[1, 2, 3], 2));
+    let holder = cluster.client(3).await.lock(&queued, TTL, PATIENCE).await.expect("hold the key");
+    let mut stream = raw_connection(&cluster.local_socket(1));
+    send_frame(
+        &mut stream,
+        &LocalRequest::Call { id: 1, request: Request::Lock { key: held.clone(), ttl: TTL, wait: PATIENCE } },
+    );
+    let handle = match read_frame(&mut stream) {
+        Some(LocalFrame::Answer { id: 1, response: Response::Locked(locked) }) => locked.handle,
+        other => panic!("lock answered {other:?}"),
+    };
+    let casts = [
+        Request::Unlock { handle: handle + 1000, note: None }, // fails: no such handle
+        Request::Unlock { handle, note: None },
+        Request::Lock { key: queued.clone(), ttl: TTL, wait: PATIENCE }, // would wait: withdrawn
+    ];
+    for request in casts {
+        send_frame(&mut stream, &LocalRequest::Cast { request });
+    }
+    // The node takes frames in order: the first frame back answers the call sent after the casts.
+    send_frame(&mut stream, &LocalRequest::Call { id: 7, request: Request::Status });
+    match read_frame(&mut stream) {
+        Some(LocalFrame::Answer { id: 7, response: Response::Status(_) }) => {}
+        other => panic!("the first frame after three casts is {other:?}"),
+    }
+    // The cast unlock freed its key.
+    let other = cluster.client(2).await;
+    other
+        .lock(&held, TTL, PATIENCE)
+        .await
+        .expect("the cast unlock freed the key")
+        .unlock(None)
+        .await
+        .expect("unlock");
+    // The cast lock that would have waited is not queued: once the holder unlocks, a client of
+    // another node gets the key, not after that cast's ttl.
+    holder.unlock(None).await.expect("unlock");
+    let asked = Instant::now();
+    let next = other.lock(&queued, TTL, PATIENCE).await.expect("the key is free");
+    assert!(asked.elapsed() < TTL, "the withdrawn cast held the key");
+    next.unlock(None).await.expect("unlock");
+
+    // A cast Subscribe could never be answered: the node refuses the frame and closes.
+    send_frame(&mut stream, &LocalRequest::Cast { request: Request::Subscribe });
+    match read_frame(&mut stream) {
+        Some(LocalFrame::Refused(e)) => assert!(e.message.contains("cannot be a Cast"), "{e:?}"),
+        other => panic!("a cast Subscribe answered {other:?}"),
+    }
+    assert!(read_frame(&mut stream).is_none(), "the node closes the connection");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,14 +102,13 @@ impl LocalConn {
         answer.map_err(|_| self.closed_error())
     }
 
-    /// Sends `request` without waiting for its answer; the next request sent on this
-    /// connection sees its effect (see [`crate::local`], "Order"), its answer is dropped.
+    /// Sends `request` as a [`LocalRequest::Cast`]: the node sends no answer; the next request
+    /// sent on this connection sees its effect (see [`crate::local`], "Order").
     pub(super) async fn send(&self, request: Request) -> Result<(), ClientError> {
         if self.is_closed() {
             return Err(self.closed_error());
         }
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        write(&self.sink, &LocalRequest::Call { id, request }).await
+        write(&self.sink, &LocalRequest::Cast { request }).await
     }
 
     /// Subscribes to the connection's events.
