@@ -1,0 +1,188 @@
+//! keyhome-lean: a second, independent harness for the latency figures of `keyhome-compare`.
+//! Both systems are driven by the leanest client that can speak to them: a blocking loop on this
+//! thread, no async runtime, no background task. keyhome through a raw blocking Unix socket (its
+//! local frames encoded by hand with `keyhome::wire`, not through `keyhome::client`), Redis
+//! through the `redis` crate's synchronous connection (`SET NX PX`, then the compare-and-delete
+//! script, as `keyhome-compare` does). Alternating within each round, it prints the p50 of a
+//! lock+unlock pair on one key (re-lock) and on a fresh key each cycle (fresh key), so the
+//! clients' own cost can be told from the systems' (docs/benchmarks.md, "An independent
+//! harness"). It starts its own 3-node keyhome; Redis is the server `--redis` names (start one
+//! on loopback first; compare.sh runs only keyhome-compare):
+//!
+//!     redis-server --port 26390 --bind 127.0.0.1 --save "" --appendonly no &
+//!     $CARGO_TARGET_DIR/release/keyhome-lean --redis redis://127.0.0.1:26390/ --rounds 4
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use keyhome::config::LockSettings;
+use keyhome::wire::{self, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
+use keyhome_epoch::Timing;
+use keyhome_sim::cluster::{Cluster, Options};
+
+const TTL: Duration = Duration::from_secs(10);
+const WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Lock+unlock pairs per figure.
+    #[arg(long, default_value_t = 3000)]
+    iters: usize,
+    /// Redis without persistence (redis://HOST:PORT).
+    #[arg(long)]
+    redis: String,
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// A blocking connection to a node's local socket.
+struct Raw {
+    stream: UnixStream,
+    next: u64,
+}
+
+impl Raw {
+    fn connect(path: &std::path::Path) -> Result<Raw, Error> {
+        let mut raw = Raw { stream: UnixStream::connect(path)?, next: 1 };
+        match raw.read()? {
+            LocalFrame::Hello(_) => Ok(raw),
+            other => Err(format!("the node greeted with {other:?}").into()),
+        }
+    }
+
+    fn read(&mut self) -> Result<LocalFrame, Error> {
+        let mut prefix = [0u8; 4];
+        self.stream.read_exact(&mut prefix)?;
+        let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+        self.stream.read_exact(&mut body)?;
+        Ok(wire::decode(&body)?)
+    }
+
+    /// One call, waited for.
+    fn call(&mut self, request: Request) -> Result<Response, Error> {
+        let id = self.next;
+        self.next += 1;
+        self.stream.write_all(&wire::encode(&LocalRequest::Call { id, request }, MAX_CLIENT_FRAME)?)?;
+        loop {
+            match self.read()? {
+                LocalFrame::Answer { id: got, response } if got == id => return Ok(response),
+                LocalFrame::Answer { .. } | LocalFrame::Event(_) => continue,
+                other => return Err(format!("the node sent {other:?}").into()),
+            }
+        }
+    }
+
+    fn pair(&mut self, key: &[u8]) -> Result<(), Error> {
+        let handle = match self.call(Request::Lock { key: key.to_vec(), ttl: TTL, wait: WAIT })? {
+            Response::Locked(locked) => locked.handle,
+            other => return Err(format!("lock answered {other:?}").into()),
+        };
+        match self.call(Request::Unlock { handle, note: None })? {
+            Response::Unlocked => Ok(()),
+            other => Err(format!("unlock answered {other:?}").into()),
+        }
+    }
+}
+
+/// A blocking Redis connection and its compare-and-delete script.
+struct Lean {
+    conn: redis::Connection,
+    release: redis::Script,
+    next: u64,
+}
+
+impl Lean {
+    fn pair(&mut self, key: &str) -> Result<(), Error> {
+        self.next += 1;
+        let value = self.next.to_string();
+        let set: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(&value)
+            .arg("NX")
+            .arg("PX")
+            .arg(TTL.as_millis() as u64)
+            .query(&mut self.conn)?;
+        if set.is_none() {
+            return Err("Redis: the key was held".into());
+        }
+        let deleted: i64 = self.release.key(key).arg(value).invoke(&mut self.conn)?;
+        if deleted != 1 {
+            return Err("Redis: the lock was gone at unlock".into());
+        }
+        Ok(())
+    }
+}
+
+/// p50 of `iters` timed calls of `pair(i)`, in µs.
+fn p50(iters: usize, mut pair: impl FnMut(usize) -> Result<(), Error>) -> Result<f64, Error> {
+    for i in 0..iters / 10 {
+        pair(iters + i)?; // warm-up
+    }
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..iters {
+        let start = Instant::now();
+        pair(i)?;
+        samples.push(start.elapsed());
+    }
+    samples.sort();
+    Ok(samples[samples.len() / 2].as_secs_f64() * 1e6)
+}
+
+fn main() -> Result<(), Error> {
+    let args = Args::parse();
+    let timing = Timing {
+        home_lease: Duration::from_secs(2),
+        max_delegation_lease: Duration::from_secs(5),
+        clock_rate_ppm: 10_000,
+    };
+    let locks = LockSettings { delegation_lease_ms: 5000, ..LockSettings::default() };
+    let cluster = Cluster::start(Options { nodes: 3, timing, locks });
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(cluster.wait_ready(&cluster.ids(), 1));
+    let mut raw = Raw::connect(&cluster.local_socket(1))?;
+    let client = redis::Client::open(args.redis.as_str())?;
+    let release = redis::Script::new(
+        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    );
+    let mut lean = Lean { conn: client.get_connection()?, release, next: 0 };
+    println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
+    println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
+    println!("| --- | --- | ---: | ---: | ---: | --- |");
+    for r in 0..args.rounds {
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
+        // Alternating: odd rounds start with Redis.
+        let run = |scenario: &str,
+                   keyhome: &mut dyn FnMut() -> Result<f64, Error>,
+                   redis: &mut dyn FnMut() -> Result<f64, Error>|
+         -> Result<(), Error> {
+            let (k, red) = if r % 2 == 0 {
+                let k = keyhome()?;
+                (k, redis()?)
+            } else {
+                let red = redis()?;
+                (keyhome()?, red)
+            };
+            println!("| {} | {scenario} | {k:.1} | {red:.1} | {:.2} | {load} |", r + 1, k / red);
+            Ok(())
+        };
+        let (raw_ref, lean_ref) = (&mut raw, &mut lean);
+        run(
+            "re-lock",
+            &mut || p50(args.iters, |_| raw_ref.pair(format!("lean-relock-{r}").as_bytes())),
+            &mut || p50(args.iters, |_| lean_ref.pair(&format!("lean-relock-{r}"))),
+        )?;
+        run(
+            "fresh key",
+            &mut || p50(args.iters, |i| raw_ref.pair(format!("lean-fresh-k-{r}-{i}").as_bytes())),
+            &mut || p50(args.iters, |i| lean_ref.pair(&format!("lean-fresh-r-{r}-{i}"))),
+        )?;
+    }
+    Ok(())
+}
