@@ -14,6 +14,8 @@ use keyhome::config::LockSettings;
 use keyhome_epoch::Timing;
 use keyhome_sim::cluster::{Cluster, Options};
 
+mod redis_lock;
+
 /// How long a lock is asked for (no scenario holds one nearly this long).
 const TTL: Duration = Duration::from_secs(10);
 /// How long a contender waits for a lock before the run counts an error.
@@ -170,10 +172,7 @@ impl Conn {
             }
             System::Redis { url, .. } => {
                 let conn = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
-                let release = redis::Script::new(
-                    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-                );
-                Conn::Redis { conn, release, next: 0, me: i }
+                Conn::Redis { conn, release: redis_lock::release_script(), next: 0, me: i }
             }
         })
     }
@@ -212,14 +211,8 @@ impl Conn {
                 let value = format!("{me}-{next}");
                 let deadline = Instant::now() + WAIT;
                 loop {
-                    let set: Option<String> = redis::cmd("SET")
-                        .arg(key)
-                        .arg(&value)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(TTL.as_millis() as u64)
-                        .query_async(conn)
-                        .await?;
+                    let set: Option<String> =
+                        redis_lock::lock_command(key, &value, TTL).query_async(conn).await?;
                     if set.is_some() {
                         return Ok((Held::Redis { key: key.to_owned(), value }, None));
                     }

@@ -22,6 +22,9 @@ use keyhome::wire::{self, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, R
 use keyhome_epoch::Timing;
 use keyhome_sim::cluster::{Cluster, Options};
 
+#[path = "../redis_lock.rs"]
+mod redis_lock;
+
 const TTL: Duration = Duration::from_secs(10);
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -99,13 +102,7 @@ impl Lean {
     fn pair(&mut self, key: &str) -> Result<(), Error> {
         self.next += 1;
         let value = self.next.to_string();
-        let set: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg(&value)
-            .arg("NX")
-            .arg("PX")
-            .arg(TTL.as_millis() as u64)
-            .query(&mut self.conn)?;
+        let set: Option<String> = redis_lock::lock_command(key, &value, TTL).query(&mut self.conn)?;
         if set.is_none() {
             return Err("Redis: the key was held".into());
         }
@@ -147,10 +144,7 @@ fn main() -> Result<(), Error> {
         .block_on(cluster.wait_ready(&cluster.ids(), 1));
     let mut raw = Raw::connect(&cluster.local_socket(1))?;
     let client = redis::Client::open(args.redis.as_str())?;
-    let release = redis::Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-    );
-    let mut lean = Lean { conn: client.get_connection()?, release, next: 0 };
+    let mut lean = Lean { conn: client.get_connection()?, release: redis_lock::release_script(), next: 0 };
     println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
     println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
     println!("| --- | --- | ---: | ---: | ---: | --- |");
