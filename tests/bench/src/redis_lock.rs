@@ -10,9 +10,11 @@ pub fn lock_command(key: &str, value: &str, ttl: Duration) -> redis::Cmd {
     cmd
 }
 
-/// The unlock script: `KEYS[1]` deleted if it holds `ARGV[1]`; returns 1 if it did.
+/// The unlock script's source: `KEYS[1]` deleted if it holds `ARGV[1]`; returns 1 if it did.
+pub const RELEASE: &str =
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end";
+
+/// The unlock script ([`RELEASE`]).
 pub fn release_script() -> redis::Script {
-    redis::Script::new(
-        "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
-    )
+    redis::Script::new(RELEASE)
 }

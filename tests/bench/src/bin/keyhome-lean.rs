@@ -4,8 +4,10 @@
 //! local frames encoded by hand with `keyhome::wire`, not through `keyhome::client`), Redis
 //! through the `redis` crate's synchronous connection (`SET NX PX`, then the compare-and-delete
 //! script, as `keyhome-compare` does). Alternating within each round, it prints the p50 of a
-//! lock+unlock pair on one key (re-lock) and on a fresh key each cycle (fresh key), so the
-//! clients' own cost can be told from the systems' (docs/benchmarks.md, "An independent
+//! lock+unlock pair on one key (re-lock) and on a fresh key each cycle (fresh key), and of a
+//! pipelined cycle of each (one round trip a cycle: the last cycle's unlock goes in the same write
+//! as this cycle's lock, as a cast for keyhome and in one pipeline with `EVALSHA` for Redis), so
+//! the clients' own cost can be told from the systems' (docs/benchmarks.md, "An independent
 //! harness"). It starts its own 3-node keyhome; Redis is the server `--redis` names (start one
 //! on loopback first; compare.sh runs only keyhome-compare):
 //!
@@ -46,11 +48,13 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 struct Raw {
     stream: UnixStream,
     next: u64,
+    /// The handle the pipelined cycle holds between cycles.
+    held: Option<u64>,
 }
 
 impl Raw {
     fn connect(path: &std::path::Path) -> Result<Raw, Error> {
-        let mut raw = Raw { stream: UnixStream::connect(path)?, next: 1 };
+        let mut raw = Raw { stream: UnixStream::connect(path)?, next: 1, held: None };
         match raw.read()? {
             LocalFrame::Hello(_) => Ok(raw),
             other => Err(format!("the node greeted with {other:?}").into()),
@@ -65,11 +69,16 @@ impl Raw {
         Ok(wire::decode(&body)?)
     }
 
-    /// One call, waited for.
-    fn call(&mut self, request: Request) -> Result<Response, Error> {
+    /// One call, waited for; `before` goes in the same write, ahead of it.
+    fn call_after(&mut self, before: Option<LocalRequest>, request: Request) -> Result<Response, Error> {
         let id = self.next;
         self.next += 1;
-        self.stream.write_all(&wire::encode(&LocalRequest::Call { id, request }, MAX_CLIENT_FRAME)?)?;
+        let mut bytes = match before {
+            Some(before) => wire::encode(&before, MAX_CLIENT_FRAME)?,
+            None => Vec::new(),
+        };
+        bytes.extend(wire::encode(&LocalRequest::Call { id, request }, MAX_CLIENT_FRAME)?);
+        self.stream.write_all(&bytes)?;
         loop {
             match self.read()? {
                 LocalFrame::Answer { id: got, response } if got == id => return Ok(response),
@@ -79,14 +88,42 @@ impl Raw {
         }
     }
 
-    fn pair(&mut self, key: &[u8]) -> Result<(), Error> {
-        let handle = match self.call(Request::Lock { key: key.to_vec(), ttl: TTL, wait: WAIT })? {
-            Response::Locked(locked) => locked.handle,
-            other => return Err(format!("lock answered {other:?}").into()),
-        };
-        match self.call(Request::Unlock { handle, note: None })? {
+    fn lock(&mut self, before: Option<LocalRequest>, key: &[u8]) -> Result<u64, Error> {
+        match self.call_after(before, Request::Lock { key: key.to_vec(), ttl: TTL, wait: WAIT })? {
+            Response::Locked(locked) => Ok(locked.handle),
+            other => Err(format!("lock answered {other:?}").into()),
+        }
+    }
+
+    fn unlock(&mut self, handle: u64) -> Result<(), Error> {
+        match self.call_after(None, Request::Unlock { handle, note: None })? {
             Response::Unlocked => Ok(()),
             other => Err(format!("unlock answered {other:?}").into()),
+        }
+    }
+
+    /// Lock, then unlock, each waited for.
+    fn pair(&mut self, key: &[u8]) -> Result<(), Error> {
+        let handle = self.lock(None, key)?;
+        self.unlock(handle)
+    }
+
+    /// Pipelined: the last cycle's unlock as a cast, in one write with this cycle's lock; one
+    /// round trip a cycle.
+    fn pipelined(&mut self, key: &[u8]) -> Result<(), Error> {
+        let before = self
+            .held
+            .take()
+            .map(|handle| LocalRequest::Cast { request: Request::Unlock { handle, note: None } });
+        self.held = Some(self.lock(before, key)?);
+        Ok(())
+    }
+
+    /// Unlocks what the pipelined cycle holds.
+    fn settle(&mut self) -> Result<(), Error> {
+        match self.held.take() {
+            Some(handle) => self.unlock(handle),
+            None => Ok(()),
         }
     }
 }
@@ -96,6 +133,8 @@ struct Lean {
     conn: redis::Connection,
     release: redis::Script,
     next: u64,
+    /// The key and value the pipelined cycle holds between cycles.
+    held: Option<(String, String)>,
 }
 
 impl Lean {
@@ -112,6 +151,41 @@ impl Lean {
         }
         Ok(())
     }
+
+    /// Pipelined: the last cycle's unlock (`EVALSHA`) and this cycle's `SET NX PX` in one
+    /// pipeline; one round trip a cycle.
+    fn pipelined(&mut self, key: &str) -> Result<(), Error> {
+        self.next += 1;
+        let value = self.next.to_string();
+        let mut pipe = redis::pipe();
+        if let Some((k, v)) = self.held.take() {
+            pipe.cmd("EVALSHA").arg(self.release.get_hash()).arg(1).arg(k).arg(v);
+        }
+        pipe.add_command(redis_lock::lock_command(key, &value, TTL));
+        let replies: Vec<redis::Value> = pipe.query(&mut self.conn)?;
+        if !matches!(replies.last(), Some(redis::Value::Okay | redis::Value::SimpleString(_))) {
+            return Err(format!("Redis: the key was held ({replies:?})").into());
+        }
+        if replies.len() == 2 && replies[0] != redis::Value::Int(1) {
+            return Err("Redis: the lock was gone at unlock".into());
+        }
+        self.held = Some((key.to_owned(), value));
+        Ok(())
+    }
+
+    fn settle(&mut self) -> Result<(), Error> {
+        if let Some((k, v)) = self.held.take() {
+            let _: i64 = self.release.key(k).arg(v).invoke(&mut self.conn)?;
+        }
+        Ok(())
+    }
+}
+
+/// `figure`, once `settle` has unlocked what a pipelined run still holds.
+fn settled(figure: Result<f64, Error>, settle: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
+    let figure = figure?;
+    settle()?;
+    Ok(figure)
 }
 
 /// p50 of `iters` timed calls of `pair(i)`, in µs.
@@ -144,7 +218,10 @@ fn main() -> Result<(), Error> {
         .block_on(cluster.wait_ready(&cluster.ids(), 1));
     let mut raw = Raw::connect(&cluster.local_socket(1))?;
     let client = redis::Client::open(args.redis.as_str())?;
-    let mut lean = Lean { conn: client.get_connection()?, release: redis_lock::release_script(), next: 0 };
+    let mut lean =
+        Lean { conn: client.get_connection()?, release: redis_lock::release_script(), next: 0, held: None };
+    // Loaded now: the pipelined cycle calls it by hash only.
+    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(redis_lock::RELEASE).query(&mut lean.conn)?;
     println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
     println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
     println!("| --- | --- | ---: | ---: | ---: | --- |");
@@ -176,6 +253,34 @@ fn main() -> Result<(), Error> {
             "fresh key",
             &mut || p50(args.iters, |i| raw_ref.pair(format!("lean-fresh-k-{r}-{i}").as_bytes())),
             &mut || p50(args.iters, |i| lean_ref.pair(&format!("lean-fresh-r-{r}-{i}"))),
+        )?;
+        run(
+            "re-lock, pipelined",
+            &mut || {
+                settled(
+                    p50(args.iters, |_| raw_ref.pipelined(format!("lean-prelock-{r}").as_bytes())),
+                    || raw_ref.settle(),
+                )
+            },
+            &mut || {
+                settled(p50(args.iters, |_| lean_ref.pipelined(&format!("lean-prelock-{r}"))), || {
+                    lean_ref.settle()
+                })
+            },
+        )?;
+        run(
+            "fresh key, pipelined",
+            &mut || {
+                settled(
+                    p50(args.iters, |i| raw_ref.pipelined(format!("lean-pfresh-k-{r}-{i}").as_bytes())),
+                    || raw_ref.settle(),
+                )
+            },
+            &mut || {
+                settled(p50(args.iters, |i| lean_ref.pipelined(&format!("lean-pfresh-r-{r}-{i}"))), || {
+                    lean_ref.settle()
+                })
+            },
         )?;
     }
     Ok(())
