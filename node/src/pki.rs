@@ -736,17 +736,16 @@ pub fn dial_transport() -> quinn::TransportConfig {
 }
 
 /// What a dialling side asks the accepting side to acknowledge by (the QUIC ACK frequency
-/// extension, which quinn speaks on both sides): after [`ACK_ELICITING_THRESHOLD`] packets, at
-/// most 25 ms after one (the default ACK delay, so loss is detected as fast as before), or at once
-/// when packets arrive 2 out of order (quinn's default reordering threshold, one below QUIC's loss
-/// threshold of 3 packets). A peer link sends one way only, so every ACK the other side sends is a
-/// datagram of its own and a wake-up of this node; with the default (every second packet) a
-/// hot-key handoff sent 3.1 datagrams, with this 2.2 (docs/benchmarks.md).
+/// extension, which quinn speaks on both sides): after [`ACK_ELICITING_THRESHOLD`] packets, within
+/// the accepting side's own ACK delay (left as it is: 25 ms, QUIC's default, so loss is detected as
+/// fast as before), or at once when packets arrive 2 out of order (quinn's default reordering
+/// threshold, one below QUIC's loss threshold of 3 packets). A peer link sends one way only, so
+/// every ACK the other side sends is a datagram of its own and a wake-up of this node; with the
+/// default (every second packet) a hot-key handoff sent 3.1 datagrams, with this 2.2
+/// (docs/benchmarks.md).
 fn ack_frequency() -> quinn::AckFrequencyConfig {
     let mut config = quinn::AckFrequencyConfig::default();
-    config
-        .ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into())
-        .max_ack_delay(Some(Duration::from_millis(25)));
+    config.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD.into());
     config
 }
 

@@ -10,11 +10,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use keyhome::client::{Client, ClientLock};
-use keyhome::config::LockSettings;
-use keyhome_epoch::Timing;
-use keyhome_sim::cluster::{Cluster, Options};
-
-mod redis_lock;
+use keyhome_compare::{NODES, cluster_options, loadavg, micros, percentile, redis_lock};
+use keyhome_sim::cluster::Cluster;
 
 /// How long a lock is asked for (no scenario holds one nearly this long).
 const TTL: Duration = Duration::from_secs(10);
@@ -22,8 +19,6 @@ const TTL: Duration = Duration::from_secs(10);
 const WAIT: Duration = Duration::from_secs(30);
 /// A Redis contender's pause between SET NX attempts (Redis has no waiting lock).
 const REDIS_RETRY: Duration = Duration::from_millis(1);
-/// Nodes (keyhome), members (etcd, ZooKeeper) and hot-key contenders.
-const NODES: usize = 3;
 
 #[derive(Parser)]
 struct Args {
@@ -245,18 +240,6 @@ impl Conn {
     }
 }
 
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    if samples.is_empty() {
-        return Duration::ZERO;
-    }
-    samples.sort();
-    samples[((samples.len() - 1) as f64 * p).round() as usize]
-}
-
-fn micros(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6
-}
-
 /// p50 of `iters` lock+unlock cycles on one connection, on `key(i)`.
 async fn latency(conn: &mut Conn, iters: usize, key: impl Fn(usize) -> String) -> Result<f64, Error> {
     let mut samples = Vec::with_capacity(iters);
@@ -385,10 +368,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     if values.is_empty() { f64::NAN } else { values[values.len() / 2] }
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_owned()
-}
-
 /// The machine's CPU time so far, from `/proc/stat`, in clock ticks: all of it, and what the
 /// hypervisor gave to other guests (steal). On a shared virtual machine steal slows every system
 /// alike, and varies from minute to minute: each round and each hot-key run say how much.
@@ -448,14 +427,16 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     let order: Vec<&System> =
         systems.iter().cycle().skip(round % systems.len()).take(systems.len()).collect();
     let r = round;
-    for system in order.iter().filter(|_| args.runs(Scenario::Relock)) {
+    // The systems, for the scenarios `--only` keeps.
+    let systems_for = |scenario| if args.runs(scenario) { order.as_slice() } else { &[] };
+    for system in systems_for(Scenario::Relock) {
         let result = async {
             let mut conn = Conn::open(system, cluster, 0).await?;
             Ok((latency(&mut conn, args.iters, |_| format!("relock-{r}")).await?, String::new()))
         };
         push("re-lock, lock+unlock p50 (µs)", system, result.await);
     }
-    for system in order.iter().filter(|_| args.runs(Scenario::Fresh)) {
+    for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
         let result = async {
             let mut conn = Conn::open(system, cluster, 0).await?;
@@ -463,7 +444,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
         };
         push("fresh key, lock+unlock p50 (µs)", system, result.await);
     }
-    for system in order.iter().filter(|_| args.runs(Scenario::Hot)) {
+    for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
         let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await.map(|mut hot| {
             let rate = hot.handoffs as f64 / args.seconds;
@@ -488,7 +469,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     for (clients, scenario) in
         [(12, "12 clients, distinct keys, ops/s"), (48, "48 clients, distinct keys, ops/s")]
     {
-        for system in order.iter().filter(|_| args.runs(Scenario::Parallel)) {
+        for system in systems_for(Scenario::Parallel) {
             let prefix = format!("par{clients}-{}-{r}", system.name().len());
             let result = parallel(system, cluster, clients, &prefix, args.seconds).await;
             push(scenario, system, result.map(|v| (v, String::new())));
@@ -496,7 +477,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     }
     let profile = cluster.dir.join("client-app/profile.toml");
     let profile = profile.to_string_lossy().into_owned();
-    for system in order.iter().filter(|_| args.runs(Scenario::Cli)) {
+    for system in systems_for(Scenario::Cli) {
         let result = match system {
             System::Keyhome { pipelined: false } => cli_p50(
                 || cluster.cli_command(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
@@ -536,16 +517,7 @@ async fn main() -> Result<(), Error> {
     systems.extend(args.redis.clone().map(|url| System::Redis { url, aof: false }));
     systems.extend(args.redis_aof.clone().map(|url| System::Redis { url, aof: true }));
 
-    // Leases long enough that renewals are rare in a run, short enough that a fresh node's
-    // restart quarantine (one delegation lease) ends in seconds.
-    let timing = Timing {
-        home_lease: Duration::from_secs(2),
-        max_delegation_lease: Duration::from_secs(5),
-        clock_rate_ppm: 10_000,
-    };
-    let locks = LockSettings { delegation_lease_ms: 5000, ..LockSettings::default() };
-    let options = Options { nodes: NODES as u64, timing, locks };
-    let cluster = Cluster::start(options);
+    let cluster = Cluster::start(cluster_options());
     cluster.wait_ready(&cluster.ids(), 1).await;
     println!("# keyhome side by side: {} rounds; {}", args.rounds, std::env::consts::ARCH);
     println!("systems: {}", systems.iter().map(System::name).collect::<Vec<_>>().join(", "));

@@ -19,13 +19,9 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use keyhome::config::LockSettings;
 use keyhome::wire::{self, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
-use keyhome_epoch::Timing;
-use keyhome_sim::cluster::{Cluster, Options};
-
-#[path = "../redis_lock.rs"]
-mod redis_lock;
+use keyhome_compare::{cluster_options, loadavg, micros, percentile, redis_lock};
+use keyhome_sim::cluster::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
 const WAIT: Duration = Duration::from_secs(30);
@@ -101,25 +97,34 @@ impl Raw {
             other => Err(format!("unlock answered {other:?}").into()),
         }
     }
+}
 
-    /// Lock, then unlock, each waited for.
-    fn pair(&mut self, key: &[u8]) -> Result<(), Error> {
-        let handle = self.lock(None, key)?;
+/// One system's lock+unlock cycle, as a blocking client drives it.
+trait Cycle {
+    /// Locks `key` and unlocks it, each waited for.
+    fn pair(&mut self, key: &str) -> Result<(), Error>;
+    /// Locks `key`, sending the previous cycle's unlock with it: one round trip a cycle.
+    fn pipelined(&mut self, key: &str) -> Result<(), Error>;
+    /// Unlocks what the last pipelined cycle holds.
+    fn settle(&mut self) -> Result<(), Error>;
+}
+
+impl Cycle for Raw {
+    fn pair(&mut self, key: &str) -> Result<(), Error> {
+        let handle = self.lock(None, key.as_bytes())?;
         self.unlock(handle)
     }
 
-    /// Pipelined: the last cycle's unlock as a cast, in one write with this cycle's lock; one
-    /// round trip a cycle.
-    fn pipelined(&mut self, key: &[u8]) -> Result<(), Error> {
+    /// The previous unlock goes as a cast, in one write with this lock.
+    fn pipelined(&mut self, key: &str) -> Result<(), Error> {
         let before = self
             .held
             .take()
             .map(|handle| LocalRequest::Cast { request: Request::Unlock { handle, note: None } });
-        self.held = Some(self.lock(before, key)?);
+        self.held = Some(self.lock(before, key.as_bytes())?);
         Ok(())
     }
 
-    /// Unlocks what the pipelined cycle holds.
     fn settle(&mut self) -> Result<(), Error> {
         match self.held.take() {
             Some(handle) => self.unlock(handle),
@@ -137,7 +142,7 @@ struct Lean {
     held: Option<(String, String)>,
 }
 
-impl Lean {
+impl Cycle for Lean {
     fn pair(&mut self, key: &str) -> Result<(), Error> {
         self.next += 1;
         let value = self.next.to_string();
@@ -152,8 +157,7 @@ impl Lean {
         Ok(())
     }
 
-    /// Pipelined: the last cycle's unlock (`EVALSHA`) and this cycle's `SET NX PX` in one
-    /// pipeline; one round trip a cycle.
+    /// The previous unlock (`EVALSHA`) and this `SET NX PX` in one pipeline.
     fn pipelined(&mut self, key: &str) -> Result<(), Error> {
         self.next += 1;
         let value = self.next.to_string();
@@ -181,37 +185,35 @@ impl Lean {
     }
 }
 
-/// `figure`, once `settle` has unlocked what a pipelined run still holds.
-fn settled(figure: Result<f64, Error>, settle: impl FnOnce() -> Result<(), Error>) -> Result<f64, Error> {
-    let figure = figure?;
-    settle()?;
-    Ok(figure)
-}
-
-/// p50 of `iters` timed calls of `pair(i)`, in µs.
-fn p50(iters: usize, mut pair: impl FnMut(usize) -> Result<(), Error>) -> Result<f64, Error> {
-    for i in 0..iters / 10 {
-        pair(iters + i)?; // warm-up
-    }
+/// p50 in µs of `iters` cycles of `system` (after a tenth as many unmeasured): on one key, or a
+/// fresh one each cycle; pipelined or not. Leaves nothing locked.
+fn figure(
+    system: &mut dyn Cycle,
+    prefix: &str,
+    iters: usize,
+    fresh: bool,
+    pipelined: bool,
+) -> Result<f64, Error> {
     let mut samples = Vec::with_capacity(iters);
-    for i in 0..iters {
+    for i in 0..iters + iters / 10 {
+        let key = if fresh { format!("{prefix}-{i}") } else { prefix.to_owned() };
         let start = Instant::now();
-        pair(i)?;
-        samples.push(start.elapsed());
+        if pipelined {
+            system.pipelined(&key)?
+        } else {
+            system.pair(&key)?
+        }
+        if i >= iters / 10 {
+            samples.push(start.elapsed());
+        }
     }
-    samples.sort();
-    Ok(samples[samples.len() / 2].as_secs_f64() * 1e6)
+    system.settle()?;
+    Ok(micros(percentile(&mut samples, 0.5)))
 }
 
 fn main() -> Result<(), Error> {
     let args = Args::parse();
-    let timing = Timing {
-        home_lease: Duration::from_secs(2),
-        max_delegation_lease: Duration::from_secs(5),
-        clock_rate_ppm: 10_000,
-    };
-    let locks = LockSettings { delegation_lease_ms: 5000, ..LockSettings::default() };
-    let cluster = Cluster::start(Options { nodes: 3, timing, locks });
+    let cluster = Cluster::start(cluster_options());
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?
@@ -225,63 +227,27 @@ fn main() -> Result<(), Error> {
     println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
     println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
     println!("| --- | --- | ---: | ---: | ---: | --- |");
+    let scenarios = [
+        ("re-lock", false, false),
+        ("fresh key", true, false),
+        ("re-lock, pipelined", false, true),
+        ("fresh key, pipelined", true, true),
+    ];
     for r in 0..args.rounds {
-        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-        let load = load.split_whitespace().take(3).collect::<Vec<_>>().join(" ");
-        // Alternating: odd rounds start with Redis.
-        let run = |scenario: &str,
-                   keyhome: &mut dyn FnMut() -> Result<f64, Error>,
-                   redis: &mut dyn FnMut() -> Result<f64, Error>|
-         -> Result<(), Error> {
+        let load = loadavg();
+        for (scenario, fresh, pipelined) in scenarios {
+            let prefix = format!("lean-{r}-{}", scenario.replace([' ', ','], ""));
+            let run = |system: &mut dyn Cycle| figure(system, &prefix, args.iters, fresh, pipelined);
+            // Alternating: odd rounds start with Redis.
             let (k, red) = if r % 2 == 0 {
-                let k = keyhome()?;
-                (k, redis()?)
+                let k = run(&mut raw)?;
+                (k, run(&mut lean)?)
             } else {
-                let red = redis()?;
-                (keyhome()?, red)
+                let red = run(&mut lean)?;
+                (run(&mut raw)?, red)
             };
             println!("| {} | {scenario} | {k:.1} | {red:.1} | {:.2} | {load} |", r + 1, k / red);
-            Ok(())
-        };
-        let (raw_ref, lean_ref) = (&mut raw, &mut lean);
-        run(
-            "re-lock",
-            &mut || p50(args.iters, |_| raw_ref.pair(format!("lean-relock-{r}").as_bytes())),
-            &mut || p50(args.iters, |_| lean_ref.pair(&format!("lean-relock-{r}"))),
-        )?;
-        run(
-            "fresh key",
-            &mut || p50(args.iters, |i| raw_ref.pair(format!("lean-fresh-k-{r}-{i}").as_bytes())),
-            &mut || p50(args.iters, |i| lean_ref.pair(&format!("lean-fresh-r-{r}-{i}"))),
-        )?;
-        run(
-            "re-lock, pipelined",
-            &mut || {
-                settled(
-                    p50(args.iters, |_| raw_ref.pipelined(format!("lean-prelock-{r}").as_bytes())),
-                    || raw_ref.settle(),
-                )
-            },
-            &mut || {
-                settled(p50(args.iters, |_| lean_ref.pipelined(&format!("lean-prelock-{r}"))), || {
-                    lean_ref.settle()
-                })
-            },
-        )?;
-        run(
-            "fresh key, pipelined",
-            &mut || {
-                settled(
-                    p50(args.iters, |i| raw_ref.pipelined(format!("lean-pfresh-k-{r}-{i}").as_bytes())),
-                    || raw_ref.settle(),
-                )
-            },
-            &mut || {
-                settled(p50(args.iters, |i| lean_ref.pipelined(&format!("lean-pfresh-r-{r}-{i}"))), || {
-                    lean_ref.settle()
-                })
-            },
-        )?;
+        }
     }
     Ok(())
 }
