@@ -40,7 +40,8 @@
 //!   deadlines they were told (a crash does not end them), so the home must let it run out.
 //! - **The handoff is passed on**: a delegation granted `recovered` and released before any
 //!   admission releases with `recovered: true`; a Recall that overtakes its Grant (while the
-//!   acquisition request is outstanding) is remembered and applied when the Grant arrives.
+//!   acquisition request is outstanding) is remembered, with the successor it carries, and
+//!   applied when the Grant arrives: the delegation is passed on or released at once.
 //!
 //! # Timers
 //!
@@ -352,9 +353,9 @@ struct Entry {
     want_until: Option<Instant>,
     /// The delegation this key had last, while its home may still speak of it.
     past: Option<Past>,
-    /// A Recall that arrived for a grantee not held yet (it overtook its Grant while an
-    /// acquisition request is outstanding): applied when that Grant arrives.
-    early_recall: Option<Grantee>,
+    /// A Recall that arrived for a grantee not held yet (it overtook its Grant or Pass while an
+    /// acquisition request is outstanding): applied when that delegation arrives.
+    early_recall: Option<EarlyRecall>,
     /// The wake-up of this entry in the heap, if any.
     scheduled: Option<Instant>,
 }
@@ -417,6 +418,15 @@ struct Request {
     last_sent: Instant,
     lease: Duration,
     held: Option<Grantee>,
+}
+
+/// A Recall of a delegation that has not arrived yet, as it applies on arrival: the latest
+/// grantee recalled, the node that recalled it, and the successor it was granted ahead for.
+#[derive(Debug)]
+struct EarlyRecall {
+    grantee: Grantee,
+    home: NodeId,
+    next: Option<Box<Successor>>,
 }
 
 #[derive(Debug)]
@@ -993,6 +1003,7 @@ impl Holder {
         let io = &mut self.io;
         let e = self.slots[slot as usize].as_mut().expect("matched entry");
         let r = e.request.take().expect("matched request");
+        let early = e.early_recall.take().filter(|early| early.grantee == g.grantee);
         let lease = g.lease.min(r.lease);
         let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
         match (&mut e.deleg, r.held) {
@@ -1035,22 +1046,22 @@ impl Holder {
                     Some(next_seq) if useful => {
                         e.deleg = Some(Delegation {
                             grantee: g.grantee,
-                            home: from,
+                            // A Recall that overtook this grant closes admission at once: the
+                            // delegation goes where it says, to the successor it carried if any.
+                            home: early.as_ref().map_or(from, |early| early.home),
                             lease,
                             deadline,
                             renew_at: r.sent_at + lease / 2,
                             answers_until: r.sent_at + r.lease,
                             next_seq,
-                            // A Recall that overtook this Grant closes admission at once.
-                            recalled: e.early_recall == Some(g.grantee),
-                            next: None,
+                            recalled: early.is_some(),
+                            next: early.and_then(|early| early.next),
                             fresh: true,
                             unclean: false,
                             recovered: g.recovered,
                             last_activity: now,
                             active: false,
                         });
-                        e.early_recall = None;
                         e.note = g.note;
                         e.past = None;
                         e.want_until = None;
@@ -1067,7 +1078,6 @@ impl Holder {
                             Body::Release { key: g.key, grantee: g.grantee, note, recovered, passed: None },
                         );
                         e.retry_at = now;
-                        e.early_recall = None;
                     }
                 }
             }
@@ -1210,8 +1220,18 @@ impl Holder {
             && e.request.as_ref().is_some_and(|r| r.held.is_none())
             && e.past.as_ref().is_none_or(|p| p.grantee < grantee)
         {
-            // The Recall overtook its Grant: remember it for when the Grant arrives.
-            e.early_recall = Some(e.early_recall.map_or(grantee, |g| g.max(grantee)));
+            // The Recall overtook its Grant (or Pass): remember it for when that arrives, with
+            // the latest successor granted ahead, as a Recall of a held delegation keeps it.
+            match &mut e.early_recall {
+                Some(early) if early.grantee > grantee => {}
+                Some(early) if early.grantee == grantee => {
+                    early.home = from;
+                    if let Some(next) = next {
+                        early.next = Some(Box::new(next));
+                    }
+                }
+                _ => e.early_recall = Some(EarlyRecall { grantee, home: from, next: next.map(Box::new) }),
+            }
         }
         self.process(now, slot, auth);
     }
