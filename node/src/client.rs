@@ -80,6 +80,12 @@ pub enum ClientError {
     NodeCertificate(Role),
     #[error("cannot connect to the node's local socket {path}: {reason}")]
     LocalConnect { path: PathBuf, reason: String },
+    #[error(
+        "the node's local socket {path} serves local protocol versions {}..={}, and this client speaks \
+         version {}: upgrade the older of the two (or drop `socket` from the profile to use QUIC)",
+        .node.start(), .node.end(), .client
+    )]
+    LocalProtocol { path: PathBuf, node: std::ops::RangeInclusive<u32>, client: u32 },
     #[error("the local connection to the node ended: {0}")]
     Closed(String),
     #[error("the connection to the node failed: {0}")]

@@ -5,7 +5,9 @@
 //!
 //! Length-prefixed postcard frames as on QUIC ([`crate::wire`]), at most [`MAX_CLIENT_FRAME`]
 //! bytes: the client sends [`LocalRequest`]s, the node [`LocalFrame`]s. The node first sends a
-//! [`LocalFrame::Hello`] (or [`LocalFrame::Refused`], and closes). Each call carries an id of
+//! [`LocalFrame::Hello`] naming the local protocol versions it serves
+//! ([`wire::LOCAL_PROTOCOLS`]; these frames are version 1), or [`LocalFrame::Refused`] and
+//! closes. Each call carries an id of
 //! the client's choosing; answers carry it back and may come out of order (a lock that waits
 //! does not hold up the calls after it).
 //!
@@ -192,7 +194,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
     // Each request in flight sends one answer; events wait for room (their queue is bounded).
     let (out, out_rx) = mpsc::channel::<LocalFrame>(max_in_flight + 1);
     let writer = tokio::spawn(write_frames(FramedWrite::new(write, codec()), out_rx));
-    let hello = LocalHello { node: shared.id, identity: role.dns_name() };
+    let hello = LocalHello { node: shared.id, identity: role.dns_name(), protocols: wire::LOCAL_PROTOCOLS };
     let mut conn = Connection {
         shared: Arc::clone(&shared),
         owner,

@@ -384,12 +384,25 @@ pub enum LocalFrame {
     Event(ClientEvent),
 }
 
-/// Who the node took a local peer for.
+/// The local protocol version of the frames in this module ([`LocalRequest`], [`LocalFrame`]).
+/// A change a client or node of this version could not read gets a new version; a node keeps
+/// serving the versions its [`LocalHello::protocols`] names.
+pub const LOCAL_PROTOCOL: u32 = 1;
+
+/// The local protocol versions this node serves, oldest to newest.
+pub const LOCAL_PROTOCOLS: std::ops::RangeInclusive<u32> = LOCAL_PROTOCOL..=LOCAL_PROTOCOL;
+
+/// Who the node took a local peer for, and which frames it speaks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalHello {
     pub node: NodeId,
     /// The identity, as its certificate names it (`crate::pki::Role::dns_name`: `client-NAME.keyhome`).
     pub identity: String,
+    /// The local protocol versions the node serves ([`LOCAL_PROTOCOLS`]). A client that speaks
+    /// none of them must not send a frame: it closes with an error naming both (the Rust client:
+    /// [`crate::client::ClientError::LocalProtocol`]). A client speaking version 1 sends version
+    /// 1 frames from its first one; a later version will say in its first frame which it uses.
+    pub protocols: std::ops::RangeInclusive<u32>,
 }
 
 #[cfg(test)]

@@ -145,8 +145,51 @@ async fn a_peer_without_permission_or_mapping_is_refused() {
 fn raw_connection(socket: &Path) -> std::os::unix::net::UnixStream {
     let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
     stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
-    assert!(matches!(read_frame(&mut stream), Some(LocalFrame::Hello(_))));
+    let hello = read_frame(&mut stream);
+    assert!(
+        matches!(&hello, Some(LocalFrame::Hello(h)) if h.protocols == keyhome::wire::LOCAL_PROTOCOLS),
+        "the hello names the local protocols the node serves: {hello:?}"
+    );
     stream
+}
+
+/// A node whose hello names only local protocol versions this client does not speak: the client
+/// refuses it, naming both, before it sends a single frame.
+#[tokio::test]
+async fn a_client_refuses_a_node_of_another_local_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("node.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let newer = keyhome::wire::LOCAL_PROTOCOL + 1..=keyhome::wire::LOCAL_PROTOCOL + 2;
+    let hello = LocalFrame::Hello(keyhome::wire::LocalHello {
+        node: NodeId(1),
+        identity: "client-app.keyhome".into(),
+        protocols: newer.clone(),
+    });
+    let node = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let frame = keyhome::wire::encode(&hello, MAX_CLIENT_FRAME).expect("encode the hello");
+        stream.write_all(&frame).await.expect("send the hello");
+        let mut heard = Vec::new();
+        stream.read_to_end(&mut heard).await.expect("read until the client closes");
+        heard
+    });
+    let error = match Client::connect_local(&socket).await {
+        Ok(_) => panic!("a client connected to a node of another local protocol"),
+        Err(e) => e,
+    };
+    let message = error.to_string();
+    assert!(
+        matches!(&error, ClientError::LocalProtocol { node, client, .. }
+            if *node == newer && *client == keyhome::wire::LOCAL_PROTOCOL),
+        "{message}"
+    );
+    assert!(message.contains("versions 2..=3") && message.contains("version 1"), "{message}");
+    assert!(
+        node.await.expect("the fake node").is_empty(),
+        "the client sent a frame to a node it cannot speak to"
+    );
 }
 
 /// The next frame from the node; `None` at the end of the stream.

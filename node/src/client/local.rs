@@ -60,6 +60,13 @@ impl LocalConn {
                 None => return Err(refused("the node closed the connection".into())),
             };
             match first {
+                LocalFrame::Hello(hello) if !hello.protocols.contains(&wire::LOCAL_PROTOCOL) => {
+                    Err(ClientError::LocalProtocol {
+                        path: path.to_path_buf(),
+                        node: hello.protocols,
+                        client: wire::LOCAL_PROTOCOL,
+                    })
+                }
                 LocalFrame::Hello(hello) => Ok((hello, frames, write)),
                 LocalFrame::Refused(e) => Err(refused(e.message)),
                 _ => Err(ClientError::Unexpected),
