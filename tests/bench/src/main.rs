@@ -265,6 +265,39 @@ struct Hot {
     waits: Vec<Duration>,
 }
 
+/// The keyhome nodes' own counters, summed over the cluster: what a hot-key run cost in
+/// delegation messages between nodes, and how many of its locks needed no message.
+struct NodeTally {
+    delegation_sent: u64,
+    locks: u64,
+    locks_immediate: u64,
+}
+
+impl NodeTally {
+    async fn now(cluster: &Cluster) -> Option<NodeTally> {
+        let mut tally = NodeTally { delegation_sent: 0, locks: 0, locks_immediate: 0 };
+        for node in 1..=NODES as u64 {
+            let status =
+                Client::connect_local(&cluster.local_socket(node)).await.ok()?.status().await.ok()?;
+            tally.delegation_sent += status.counters.delegation_sent;
+            tally.locks += status.counters.locks;
+            tally.locks_immediate += status.counters.locks_immediate;
+        }
+        Some(tally)
+    }
+
+    /// Delegation messages per handoff, and the share of locks admitted at once, since `before`.
+    fn since(&self, before: &NodeTally, hot: &Result<Hot, Error>) -> String {
+        let handoffs = hot.as_ref().map_or(0, |h| h.handoffs).max(1) as f64;
+        let locks = (self.locks - before.locks).max(1) as f64;
+        format!(
+            "{:.2} delegation messages per handoff, {:.1} % of locks admitted at once",
+            (self.delegation_sent - before.delegation_sent) as f64 / handoffs,
+            100.0 * (self.locks_immediate - before.locks_immediate) as f64 / locks
+        )
+    }
+}
+
 /// [`NODES`] contenders, one per member, on one key for `seconds`.
 async fn hot_key(system: &System, cluster: &Cluster, key: &str, seconds: f64) -> Result<Hot, Error> {
     let state = Arc::new(Mutex::new(Hot::default()));
@@ -446,10 +479,15 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     }
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
-        let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await.map(|mut hot| {
+        let keyhome = matches!(system, System::Keyhome { .. });
+        let before = if keyhome { NodeTally::now(cluster).await } else { None };
+        let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await;
+        let after = if keyhome { NodeTally::now(cluster).await } else { None };
+        let tally = before.zip(after).map_or(String::new(), |(b, a)| format!(", {}", a.since(&b, &result)));
+        let result = result.map(|mut hot| {
             let rate = hot.handoffs as f64 / args.seconds;
             let detail = format!(
-                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}, CPU stolen {}",
+                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}, CPU stolen {}{tally}",
                 hot.acquisitions,
                 hot.handoffs,
                 micros(percentile(&mut hot.waits, 0.5)),
