@@ -355,7 +355,7 @@ struct Entry {
     past: Option<Past>,
     /// A Recall that arrived for a grantee not held yet (it overtook its Grant or Pass while an
     /// acquisition request is outstanding): applied when that delegation arrives.
-    early_recall: Option<EarlyRecall>,
+    early_recall: Option<Box<EarlyRecall>>,
     /// The wake-up of this entry in the heap, if any.
     scheduled: Option<Instant>,
 }
@@ -421,7 +421,8 @@ struct Request {
 }
 
 /// A Recall of a delegation that has not arrived yet, as it applies on arrival: the latest
-/// grantee recalled, the node that recalled it, and the successor it was granted ahead for.
+/// grantee recalled, the node that recalled it last, and the latest successor any Recall of it
+/// carried (the waiter the home granted ahead to follow it). Boxed in its entry: it is rare.
 #[derive(Debug)]
 struct EarlyRecall {
     grantee: Grantee,
@@ -1003,7 +1004,7 @@ impl Holder {
         let io = &mut self.io;
         let e = self.slots[slot as usize].as_mut().expect("matched entry");
         let r = e.request.take().expect("matched request");
-        let early = e.early_recall.take().filter(|early| early.grantee == g.grantee);
+        let early = e.early_recall.take().filter(|early| early.grantee == g.grantee).map(|early| *early);
         let lease = g.lease.min(r.lease);
         let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
         match (&mut e.deleg, r.held) {
@@ -1230,7 +1231,10 @@ impl Holder {
                         early.next = Some(Box::new(next));
                     }
                 }
-                _ => e.early_recall = Some(EarlyRecall { grantee, home: from, next: next.map(Box::new) }),
+                _ => {
+                    e.early_recall =
+                        Some(Box::new(EarlyRecall { grantee, home: from, next: next.map(Box::new) }))
+                }
             }
         }
         self.process(now, slot, auth);

@@ -848,26 +848,28 @@ fn a_recall_that_overtakes_its_grant_is_applied_when_the_grant_arrives() {
 
 /// A Recall that overtakes its Grant and carries a successor granted ahead: the delegation is
 /// passed to the successor when it arrives, as if the Recall had come after it, instead of going
-/// back to the home (which would then grant the successor itself, one message later).
+/// back to the home (which would then grant the successor itself, one message later). The
+/// Recall's sender (here a new home that adopted the key while the Grant was in flight) is the
+/// home the Pass names and the Release goes to, and a resent Recall without the successor keeps it.
 #[test]
 fn a_recall_that_overtakes_its_grant_passes_the_successor_it_carries() {
+    const NEW_HOME: NodeId = NodeId(7);
     let auth = Script::new();
     let mut h = holder();
     let _ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
     let r = one_request(&mut h);
     let next = Successor { to: OTHER, id: RequestId::new(9, 3), grantee: grantee(2), lease: secs(4) };
-    let recall_ahead = Message {
-        epoch: EPOCH,
-        body: Body::Recall { key: b"k".to_vec(), grantee: grantee(1), next: Some(next) },
-    };
-    h.handle_message(at(10), HOME, recall_ahead, &auth);
+    let recall_ahead =
+        |next| Message { epoch: EPOCH, body: Body::Recall { key: b"k".to_vec(), grantee: grantee(1), next } };
+    h.handle_message(at(10), NEW_HOME, recall_ahead(Some(next)), &auth);
+    h.handle_message(at(15), NEW_HOME, recall_ahead(None), &auth);
     assert!(sent(&mut h).is_empty());
     h.handle_message(at(20), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), false), &auth);
     let out = sent(&mut h);
     let note = Some(b"p".to_vec());
     let pass = Body::Pass {
         key: b"k".to_vec(),
-        home: HOME,
+        home: NEW_HOME,
         id: next.id,
         grantee: grantee(2),
         lease: secs(4),
@@ -882,7 +884,7 @@ fn a_recall_that_overtakes_its_grant_passes_the_successor_it_carries() {
         passed: Some(grantee(2)),
     };
     assert_eq!(out.len(), 3, "{out:?}");
-    assert_eq!(out[..2], [(OTHER, pass), (HOME, release)]);
+    assert_eq!(out[..2], [(OTHER, pass), (NEW_HOME, release)]);
     let again = as_request(out[2].0, out[2].1.clone());
     assert_eq!((again.held, again.wait), (None, ms(29_980)), "the locker still waits: it asks again");
     assert!(events(&mut h).is_empty());

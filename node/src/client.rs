@@ -81,11 +81,10 @@ pub enum ClientError {
     #[error("cannot connect to the node's local socket {path}: {reason}")]
     LocalConnect { path: PathBuf, reason: String },
     #[error(
-        "the node's local socket {path} serves local protocol versions {}..={}, and this client speaks \
-         version {}: upgrade the older of the two (or drop `socket` from the profile to use QUIC)",
-        .node.start(), .node.end(), .client
+        "the node's local socket {path} serves local protocol {node}, and this client speaks {client}: \
+         upgrade the older of the two (or drop `socket` from the profile to use QUIC)"
     )]
-    LocalProtocol { path: PathBuf, node: std::ops::RangeInclusive<u32>, client: u32 },
+    LocalProtocol { path: PathBuf, node: wire::LocalProtocols, client: wire::LocalProtocols },
     #[error("the local connection to the node ended: {0}")]
     Closed(String),
     #[error("the connection to the node failed: {0}")]

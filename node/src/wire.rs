@@ -389,10 +389,18 @@ pub enum LocalFrame {
 /// serving the versions its [`LocalHello::protocols`] names.
 pub const LOCAL_PROTOCOL: u32 = 1;
 
-/// The local protocol versions this node serves, oldest to newest.
-pub const LOCAL_PROTOCOLS: std::ops::RangeInclusive<u32> = LOCAL_PROTOCOL..=LOCAL_PROTOCOL;
+/// The local protocol versions this node serves.
+pub const LOCAL_PROTOCOLS: LocalProtocols = LocalProtocols { oldest: LOCAL_PROTOCOL, newest: LOCAL_PROTOCOL };
 
 /// Who the node took a local peer for, and which frames it speaks.
+///
+/// Every version's clients must be able to read every later node's hello, so its encoding is
+/// fixed for good: [`LocalFrame::Hello`] stays variant 0 and [`LocalFrame::Refused`] variant 1
+/// with its [`ApiError`]; this struct's fields never change, move or grow (a later version says
+/// more in frames of its own). A client of version 2 or later will name its version in its first
+/// frame, a [`LocalRequest`] variant that version 1 never sends; a version 1 client sends none,
+/// and a node serving version 1 takes that silence for version 1. The test
+/// `the_local_hello_is_encoded_as_every_version_reads_it` pins the bytes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LocalHello {
     pub node: NodeId,
@@ -400,9 +408,32 @@ pub struct LocalHello {
     pub identity: String,
     /// The local protocol versions the node serves ([`LOCAL_PROTOCOLS`]). A client that speaks
     /// none of them must not send a frame: it closes with an error naming both (the Rust client:
-    /// [`crate::client::ClientError::LocalProtocol`]). A client speaking version 1 sends version
-    /// 1 frames from its first one; a later version will say in its first frame which it uses.
-    pub protocols: std::ops::RangeInclusive<u32>,
+    /// [`crate::client::ClientError::LocalProtocol`]).
+    pub protocols: LocalProtocols,
+}
+
+/// A range of local protocol versions, both ends included (`oldest` ≤ `newest`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalProtocols {
+    pub oldest: u32,
+    pub newest: u32,
+}
+
+impl LocalProtocols {
+    /// Whether `version` is in the range.
+    pub fn serves(&self, version: u32) -> bool {
+        (self.oldest..=self.newest).contains(&version)
+    }
+}
+
+impl std::fmt::Display for LocalProtocols {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.oldest == self.newest {
+            write!(f, "version {}", self.oldest)
+        } else {
+            write!(f, "versions {} to {}", self.oldest, self.newest)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -413,6 +444,25 @@ mod tests {
         let len = u32::from_be_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 4, "the prefix counts the body");
         &frame[4..]
+    }
+
+    #[test]
+    fn the_local_hello_is_encoded_as_every_version_reads_it() {
+        let hello = LocalFrame::Hello(LocalHello {
+            node: NodeId(3),
+            identity: "client-app.keyhome".into(),
+            protocols: LocalProtocols { oldest: 1, newest: 2 },
+        });
+        let mut expected = vec![0, 3, 18];
+        expected.extend_from_slice(b"client-app.keyhome");
+        expected.extend_from_slice(&[1, 2]);
+        assert_eq!(
+            postcard::to_allocvec(&hello).unwrap(),
+            expected,
+            "variant 0, node, identity, oldest, newest"
+        );
+        let refused = LocalFrame::Refused(ApiError::new(ErrorKind::Forbidden, "no"));
+        assert_eq!(postcard::to_allocvec(&refused).unwrap()[0], 1, "Refused stays variant 1");
     }
 
     #[test]

@@ -160,11 +160,14 @@ async fn a_client_refuses_a_node_of_another_local_protocol() {
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("node.sock");
     let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
-    let newer = keyhome::wire::LOCAL_PROTOCOL + 1..=keyhome::wire::LOCAL_PROTOCOL + 2;
+    let newer = keyhome::wire::LocalProtocols {
+        oldest: keyhome::wire::LOCAL_PROTOCOL + 1,
+        newest: keyhome::wire::LOCAL_PROTOCOL + 2,
+    };
     let hello = LocalFrame::Hello(keyhome::wire::LocalHello {
         node: NodeId(1),
         identity: "client-app.keyhome".into(),
-        protocols: newer.clone(),
+        protocols: newer,
     });
     let node = tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -182,14 +185,15 @@ async fn a_client_refuses_a_node_of_another_local_protocol() {
     let message = error.to_string();
     assert!(
         matches!(&error, ClientError::LocalProtocol { node, client, .. }
-            if *node == newer && *client == keyhome::wire::LOCAL_PROTOCOL),
+            if *node == newer && *client == keyhome::wire::LOCAL_PROTOCOLS),
         "{message}"
     );
-    assert!(message.contains("versions 2..=3") && message.contains("version 1"), "{message}");
-    assert!(
-        node.await.expect("the fake node").is_empty(),
-        "the client sent a frame to a node it cannot speak to"
-    );
+    let theirs = format!("versions {} to {}", newer.oldest, newer.newest);
+    assert!(message.contains(&theirs), "{message}");
+    assert!(message.contains(&keyhome::wire::LOCAL_PROTOCOLS.to_string()), "{message}");
+    let heard =
+        tokio::time::timeout(PATIENCE, node).await.expect("the client closed").expect("the fake node");
+    assert!(heard.is_empty(), "the client sent a frame to a node it cannot speak to");
 }
 
 /// The next frame from the node; `None` at the end of the stream.

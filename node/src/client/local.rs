@@ -60,11 +60,11 @@ impl LocalConn {
                 None => return Err(refused("the node closed the connection".into())),
             };
             match first {
-                LocalFrame::Hello(hello) if !hello.protocols.contains(&wire::LOCAL_PROTOCOL) => {
+                LocalFrame::Hello(hello) if !hello.protocols.serves(wire::LOCAL_PROTOCOL) => {
                     Err(ClientError::LocalProtocol {
                         path: path.to_path_buf(),
                         node: hello.protocols,
-                        client: wire::LOCAL_PROTOCOL,
+                        client: wire::LOCAL_PROTOCOLS,
                     })
                 }
                 LocalFrame::Hello(hello) => Ok((hello, frames, write)),

@@ -265,8 +265,9 @@ struct Hot {
     waits: Vec<Duration>,
 }
 
-/// The keyhome nodes' own counters, summed over the cluster: what a hot-key run cost in
-/// delegation messages between nodes, and how many of its locks needed no message.
+/// The keyhome nodes' own counters, summed over the cluster and over every key (the idle
+/// releases of earlier scenarios' keys too): delegation messages between nodes (not those a node
+/// sends itself, as the key's home), and locks admitted with no message.
 struct NodeTally {
     delegation_sent: u64,
     locks: u64,
@@ -274,26 +275,30 @@ struct NodeTally {
 }
 
 impl NodeTally {
-    async fn now(cluster: &Cluster) -> Option<NodeTally> {
+    async fn now(cluster: &Cluster) -> Result<NodeTally, Error> {
         let mut tally = NodeTally { delegation_sent: 0, locks: 0, locks_immediate: 0 };
         for node in 1..=NODES as u64 {
-            let status =
-                Client::connect_local(&cluster.local_socket(node)).await.ok()?.status().await.ok()?;
+            let status = Client::connect_local(&cluster.local_socket(node)).await?.status().await?;
             tally.delegation_sent += status.counters.delegation_sent;
             tally.locks += status.counters.locks;
             tally.locks_immediate += status.counters.locks_immediate;
         }
-        Some(tally)
+        Ok(tally)
     }
 
-    /// Delegation messages per handoff, and the share of locks admitted at once, since `before`.
-    fn since(&self, before: &NodeTally, hot: &Result<Hot, Error>) -> String {
-        let handoffs = hot.as_ref().map_or(0, |h| h.handoffs).max(1) as f64;
-        let locks = (self.locks - before.locks).max(1) as f64;
+    /// Delegation messages between nodes per handoff, and the share of locks admitted at once,
+    /// since `before`, for a run of `handoffs` handoffs.
+    fn since(&self, before: &NodeTally, handoffs: u64) -> String {
+        if handoffs == 0 {
+            return "no handoff to count messages for".into();
+        }
+        let sent = self.delegation_sent.saturating_sub(before.delegation_sent);
+        let locks = self.locks.saturating_sub(before.locks).max(1);
+        let immediate = self.locks_immediate.saturating_sub(before.locks_immediate);
         format!(
-            "{:.2} delegation messages per handoff, {:.1} % of locks admitted at once",
-            (self.delegation_sent - before.delegation_sent) as f64 / handoffs,
-            100.0 * (self.locks_immediate - before.locks_immediate) as f64 / locks
+            "{:.2} delegation messages between nodes per handoff (all keys), {:.1} % of locks admitted at once",
+            sent as f64 / handoffs as f64,
+            100.0 * immediate as f64 / locks as f64
         )
     }
 }
@@ -480,14 +485,18 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
         let keyhome = matches!(system, System::Keyhome { .. });
-        let before = if keyhome { NodeTally::now(cluster).await } else { None };
+        let before = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
         let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await;
-        let after = if keyhome { NodeTally::now(cluster).await } else { None };
-        let tally = before.zip(after).map_or(String::new(), |(b, a)| format!(", {}", a.since(&b, &result)));
+        let after = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
+        let tally = move |handoffs| match (before, after) {
+            (Some(Ok(before)), Some(Ok(after))) => format!(", {}", after.since(&before, handoffs)),
+            (Some(Err(e)), _) | (_, Some(Err(e))) => format!(", no message count (the nodes' status: {e})"),
+            _ => String::new(),
+        };
         let result = result.map(|mut hot| {
             let rate = hot.handoffs as f64 / args.seconds;
             let detail = format!(
-                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}, CPU stolen {}{tally}",
+                "{} acquisitions, {} handoffs, wait p50 {:.0} µs p99 {:.0} µs, overlaps {}, token regressions {}, CPU stolen {}{}",
                 hot.acquisitions,
                 hot.handoffs,
                 micros(percentile(&mut hot.waits, 0.5)),
@@ -499,6 +508,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
                     hot.token_regressions.to_string()
                 },
                 CpuTimes::now().stolen_since(cpu),
+                tally(hot.handoffs),
             );
             (rate, detail)
         });
