@@ -1193,11 +1193,7 @@ impl Holder {
         if let Some(d) = e.deleg.as_mut()
             && d.grantee == grantee
         {
-            d.home = from;
-            if let Some(next) = next {
-                // The latest one the home granted ahead is the one to pass on.
-                d.next = Some(Box::new(next));
-            }
+            keep_recall(&mut d.home, &mut d.next, from, next);
             if release_at_once {
                 // The injected bug: give the delegation back while the local handle lives on.
                 e.release(now, io);
@@ -1226,10 +1222,7 @@ impl Holder {
             match &mut e.early_recall {
                 Some(early) if early.grantee > grantee => {}
                 Some(early) if early.grantee == grantee => {
-                    early.home = from;
-                    if let Some(next) = next {
-                        early.next = Some(Box::new(next));
-                    }
+                    keep_recall(&mut early.home, &mut early.next, from, next)
                 }
                 _ => {
                     e.early_recall =
@@ -1259,6 +1252,21 @@ impl Holder {
         }
         let answer = slot.and_then(|s| self.entry(s)).map_or(CheckAnswer::NotHeld, |e| e.judge(token));
         self.io.send(asker, Body::CheckReply { key, id, answer: Ok(answer) });
+    }
+}
+
+/// What a Recall tells the holder of the delegation it names, held or still on its way: the node
+/// that recalled it last is the one its Release and Pass name, and the latest successor the home
+/// granted ahead is the one to pass it on to (a Recall without one keeps the earlier).
+fn keep_recall(
+    home: &mut NodeId,
+    successor: &mut Option<Box<Successor>>,
+    from: NodeId,
+    next: Option<Successor>,
+) {
+    *home = from;
+    if let Some(next) = next {
+        *successor = Some(Box::new(next));
     }
 }
 

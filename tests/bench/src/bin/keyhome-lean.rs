@@ -52,7 +52,7 @@ impl Raw {
     fn connect(path: &std::path::Path) -> Result<Raw, Error> {
         let mut raw = Raw { stream: UnixStream::connect(path)?, next: 1, held: None };
         match raw.read()? {
-            LocalFrame::Hello(hello) if hello.protocols.serves(keyhome::wire::LOCAL_PROTOCOL) => Ok(raw),
+            LocalFrame::Hello(hello) if hello.protocols.serves(wire::LOCAL_PROTOCOL) => Ok(raw),
             other => Err(format!("the node greeted with {other:?}").into()),
         }
     }
