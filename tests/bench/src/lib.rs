@@ -1,8 +1,11 @@
 //! What the bench's two harnesses share: `keyhome-compare` (src/main.rs, every system through
 //! its usual async client) and `keyhome-lean` (src/bin/keyhome-lean.rs, blocking clients): the
-//! keyhome cluster they start, the Redis lock they use, and how they summarize samples.
+//! keyhome cluster they start, the Redis lock they use, how they describe the machine, and how
+//! they summarize samples.
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use keyhome::config::LockSettings;
 use keyhome_epoch::Timing;
@@ -29,6 +32,63 @@ pub fn cluster_options() -> Options {
 /// `/proc/loadavg`, as the kernel writes it.
 pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_owned()
+}
+
+/// How this machine's idle CPUs wait, which sets what waking a process on another CPU costs:
+/// the cpuidle driver, and with `haltpoll` (a KVM guest) how long an idle vCPU polls before it
+/// halts. A halted vCPU is woken by an interrupt through the hypervisor; one that still polls
+/// sees the wake-up at once.
+pub fn idle_polling() -> String {
+    let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned());
+    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_else(|_| "none".into());
+    match read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        Ok(ns) if driver == "haltpoll" => format!("cpuidle driver haltpoll, guest_halt_poll_ns {ns}"),
+        _ => format!("cpuidle driver {driver}"),
+    }
+}
+
+/// The median round trip of one byte between two threads over a Unix socket pair, from
+/// `round_trips` of them (at most about a second's worth): the cost of the process wake-ups
+/// every lock handoff is a chain of, as this machine charges it now.
+pub fn wakeup_round_trip(round_trips: usize) -> std::io::Result<Duration> {
+    let (mut near, mut far) = UnixStream::pair()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut byte = [0u8];
+        while far.read(&mut byte)? == 1 {
+            far.write_all(&byte)?;
+        }
+        Ok(())
+    });
+    let budget = Instant::now() + Duration::from_secs(1);
+    let mut samples = Vec::with_capacity(round_trips);
+    let mut byte = [0u8];
+    while samples.len() < round_trips && Instant::now() < budget {
+        let start = Instant::now();
+        near.write_all(&byte)?;
+        near.read_exact(&mut byte)?;
+        samples.push(start.elapsed());
+    }
+    drop(near);
+    echo.join().map_err(|_| std::io::Error::other("the echo thread panicked"))??;
+    Ok(percentile(&mut samples, 0.5))
+}
+
+/// [`wakeup_round_trip`] over 20 000 round trips, for a report: "17.3 µs", or why it was not
+/// measured.
+pub fn wakeup_line() -> String {
+    match wakeup_round_trip(20_000) {
+        Ok(rtt) => format!("{:.1} µs", micros(rtt)),
+        Err(e) => format!("not measured ({e})"),
+    }
+}
+
+/// One line on the machine for a run's header: its idle polling and its wake-up round trip.
+pub fn machine_line() -> String {
+    format!(
+        "machine: {}; a wake-up round trip between two threads (Unix socket, p50): {}",
+        idle_polling(),
+        wakeup_line()
+    )
 }
 
 /// The `p` quantile (0 to 1) of `samples`, which it sorts; zero if there are none.

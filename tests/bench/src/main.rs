@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use keyhome::client::{Client, ClientLock};
-use keyhome_compare::{NODES, cluster_options, loadavg, micros, percentile, redis_lock};
+use keyhome_compare::{
+    NODES, cluster_options, loadavg, machine_line, micros, percentile, redis_lock, wakeup_line,
+};
 use keyhome_sim::cluster::Cluster;
 
 /// How long a lock is asked for (no scenario holds one nearly this long).
@@ -569,6 +571,7 @@ async fn main() -> Result<(), Error> {
     cluster.wait_ready(&cluster.ids(), 1).await;
     println!("# keyhome side by side: {} rounds; {}", args.rounds, std::env::consts::ARCH);
     println!("systems: {}", systems.iter().map(System::name).collect::<Vec<_>>().join(", "));
+    println!("{}", machine_line());
 
     let mut all = Vec::new();
     for r in 0..args.rounds {
@@ -576,10 +579,12 @@ async fn main() -> Result<(), Error> {
         let figures = round(&args, &cluster, &systems, r).await;
         print_tables(
             &format!(
-                "Round {} (load before: {load}; after: {}; CPU stolen by the hypervisor: {})",
+                "Round {} (load before: {load}; after: {}; CPU stolen by the hypervisor: {}; \
+                 wake-up round trip after: {})",
                 r + 1,
                 loadavg(),
-                CpuTimes::now().stolen_since(cpu)
+                CpuTimes::now().stolen_since(cpu),
+                wakeup_line(),
             ),
             &figures,
             &systems,

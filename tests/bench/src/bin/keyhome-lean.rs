@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use keyhome::wire::{self, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
-use keyhome_compare::{cluster_options, loadavg, micros, percentile, redis_lock};
+use keyhome_compare::{cluster_options, loadavg, machine_line, micros, percentile, redis_lock};
 use keyhome_sim::cluster::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -36,6 +36,10 @@ struct Args {
     /// Redis without persistence (redis://HOST:PORT).
     #[arg(long)]
     redis: String,
+    /// Run only these scenarios (comma-separated: relock, fresh, relock-pipelined,
+    /// fresh-pipelined; default all), e.g. to profile one of them.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
 }
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -225,17 +229,26 @@ fn main() -> Result<(), Error> {
     // Loaded now: the pipelined cycle calls it by hash only.
     let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(redis_lock::RELEASE).query(&mut lean.conn)?;
     println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
+    println!("{}", machine_line());
     println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
     println!("| --- | --- | ---: | ---: | ---: | --- |");
     let scenarios = [
-        ("re-lock", false, false),
-        ("fresh key", true, false),
-        ("re-lock, pipelined", false, true),
-        ("fresh key, pipelined", true, true),
+        ("relock", "re-lock", false, false),
+        ("fresh", "fresh key", true, false),
+        ("relock-pipelined", "re-lock, pipelined", false, true),
+        ("fresh-pipelined", "fresh key, pipelined", true, true),
     ];
+    if let Some(unknown) = args.only.iter().find(|name| !scenarios.iter().any(|s| s.0 == name.as_str())) {
+        return Err(
+            format!("no scenario {unknown:?}: relock, fresh, relock-pipelined, fresh-pipelined").into()
+        );
+    }
+    let chosen = scenarios.iter().filter(|s| args.only.is_empty() || args.only.iter().any(|o| o == s.0));
+    let chosen: Vec<_> =
+        chosen.map(|&(_, scenario, fresh, pipelined)| (scenario, fresh, pipelined)).collect();
     for r in 0..args.rounds {
         let load = loadavg();
-        for (scenario, fresh, pipelined) in scenarios {
+        for &(scenario, fresh, pipelined) in &chosen {
             let prefix = format!("lean-{r}-{}", scenario.replace([' ', ','], ""));
             let run = |system: &mut dyn Cycle| figure(system, &prefix, args.iters, fresh, pipelined);
             // Alternating: odd rounds start with Redis.
