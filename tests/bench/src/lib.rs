@@ -34,19 +34,6 @@ pub fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_owned()
 }
 
-/// How this machine's idle CPUs wait, which sets what waking a process on another CPU costs:
-/// the cpuidle driver, and with `haltpoll` (a KVM guest) how long an idle vCPU polls before it
-/// halts. A halted vCPU is woken by an interrupt through the hypervisor; one that still polls
-/// sees the wake-up at once.
-pub fn idle_polling() -> String {
-    let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_owned());
-    let driver = read("/sys/devices/system/cpu/cpuidle/current_driver").unwrap_or_else(|_| "none".into());
-    match read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
-        Ok(ns) if driver == "haltpoll" => format!("cpuidle driver haltpoll, guest_halt_poll_ns {ns}"),
-        _ => format!("cpuidle driver {driver}"),
-    }
-}
-
 /// The median round trip of one byte between two threads over a Unix socket pair, from
 /// `round_trips` of them (at most about a second's worth): the cost of the process wake-ups
 /// every lock handoff is a chain of, as this machine charges it now.
@@ -86,7 +73,7 @@ pub fn wakeup_line() -> String {
 pub fn machine_line() -> String {
     format!(
         "machine: {}; a wake-up round trip between two threads (Unix socket, p50): {}",
-        idle_polling(),
+        keyhome::host::IdlePolling::read(),
         wakeup_line()
     )
 }
