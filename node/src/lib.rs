@@ -12,7 +12,7 @@
 //!   outsiders can cause, rate-limited.
 //! - [`wire`]: frames on QUIC streams; [`config`]: files; [`status`]: what `keyhome status` shows.
 //! - [`addr`]: `HOST:PORT` addresses and DNS names; [`duration`]: durations read and shown.
-//! - [`host`]: what the node notices about the machine it runs on (idle polling on VMs).
+//! - [`machine`]: what the node notices about the machine it runs on (idle polling on VMs).
 //! - Observability: [`activity`] and [`hotkeys`] (what the core records), [`metrics`]
 //!   (Prometheus `/metrics`), [`page`] (the HTML status page).
 
@@ -28,10 +28,10 @@ pub mod config;
 pub mod core;
 pub mod duration;
 pub mod embedded;
-pub mod host;
 pub mod hotkeys;
 pub mod http;
 pub mod local;
+pub mod machine;
 pub mod metrics;
 pub mod page;
 pub mod peers;

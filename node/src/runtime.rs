@@ -469,7 +469,7 @@ impl Node {
             addr
         });
         tracing::info!(node = %id, addr = %shared.config.listen, "node started");
-        crate::host::log_notes();
+        crate::machine::log_notes();
         Ok(Node { shared, persist_thread: Some(persist_thread), http_addr })
     }
 

@@ -35,9 +35,14 @@ pub fn loadavg() -> String {
 }
 
 /// The median round trip of one byte between two threads over a Unix socket pair, from
-/// `round_trips` of them (at most about a second's worth): the cost of the process wake-ups
-/// every lock handoff is a chain of, as this machine charges it now.
+/// `round_trips` of them (at least one; at most about a second's worth): the cost of the process
+/// wake-ups every lock handoff is a chain of, as this machine charges it now. The threads are not
+/// pinned: when the scheduler puts both on one CPU the figure is that CPU's (several times lower
+/// on a VM that halts idle vCPUs), so read it beside the run it describes, not on its own.
 pub fn wakeup_round_trip(round_trips: usize) -> std::io::Result<Duration> {
+    if round_trips == 0 {
+        return Err(std::io::Error::other("no round trips asked for"));
+    }
     let (mut near, mut far) = UnixStream::pair()?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let mut byte = [0u8];
@@ -46,17 +51,23 @@ pub fn wakeup_round_trip(round_trips: usize) -> std::io::Result<Duration> {
         }
         Ok(())
     });
-    let budget = Instant::now() + Duration::from_secs(1);
     let mut samples = Vec::with_capacity(round_trips);
-    let mut byte = [0u8];
-    while samples.len() < round_trips && Instant::now() < budget {
-        let start = Instant::now();
-        near.write_all(&byte)?;
-        near.read_exact(&mut byte)?;
-        samples.push(start.elapsed());
-    }
-    drop(near);
+    let mut measure = || -> std::io::Result<()> {
+        let budget = Instant::now() + Duration::from_secs(1);
+        let mut byte = [0u8];
+        while samples.len() < round_trips && Instant::now() < budget {
+            let start = Instant::now();
+            near.write_all(&byte)?;
+            near.read_exact(&mut byte)?;
+            samples.push(start.elapsed());
+        }
+        Ok(())
+    };
+    let measured = measure();
+    drop(near); // the echo reads the end of the stream and returns
+    // The echo's own error, if it had one, is the cause of ours.
     echo.join().map_err(|_| std::io::Error::other("the echo thread panicked"))??;
+    measured?;
     Ok(percentile(&mut samples, 0.5))
 }
 
@@ -73,7 +84,7 @@ pub fn wakeup_line() -> String {
 pub fn machine_line() -> String {
     format!(
         "machine: {}; a wake-up round trip between two threads (Unix socket, p50): {}",
-        keyhome::host::IdlePolling::read(),
+        keyhome::machine::IdlePolling::read(),
         wakeup_line()
     )
 }

@@ -11,13 +11,16 @@ const HALT_POLL_NS: &str = "/sys/module/haltpoll/parameters/guest_halt_poll_ns";
 /// How this machine's idle CPUs wait, which sets what waking a process on another CPU costs (see
 /// docs/operations.md, "On virtual machines: idle polling"). Every lock handoff between nodes,
 /// and every call through the local socket, is a chain of such wake-ups.
+///
+/// Only the `haltpoll` driver (KVM guests that have it) is looked into: a guest without it that
+/// halts on `HLT` looks like any other machine here.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IdlePolling {
     /// The cpuidle driver, if the kernel names one.
-    pub driver: Option<String>,
-    /// With the `haltpoll` driver (KVM guests): how long an idle vCPU polls before it halts, in
-    /// nanoseconds.
-    pub halt_poll_ns: Option<u64>,
+    driver: Option<String>,
+    /// With the `haltpoll` driver only (`None` otherwise): how long an idle vCPU polls before it
+    /// halts, in nanoseconds.
+    halt_poll_ns: Option<u64>,
 }
 
 impl IdlePolling {
@@ -37,6 +40,16 @@ impl IdlePolling {
         IdlePolling { driver, halt_poll_ns }
     }
 
+    /// The cpuidle driver, if the kernel names one.
+    pub fn driver(&self) -> Option<&str> {
+        self.driver.as_deref()
+    }
+
+    /// With the `haltpoll` driver: how long an idle vCPU polls before it halts, in nanoseconds.
+    pub fn halt_poll_ns(&self) -> Option<u64> {
+        self.halt_poll_ns
+    }
+
     /// Whether an idle vCPU halts at once, so that every wake-up of a process on it goes
     /// through the hypervisor (a KVM guest with halt polling off).
     pub fn halts_at_once(&self) -> bool {
@@ -54,16 +67,20 @@ impl fmt::Display for IdlePolling {
     }
 }
 
-/// Logs, once at start-up, what about this machine an operator chasing latency should know.
+/// Logs what about this machine an operator chasing latency should know: once per process,
+/// however many nodes it starts.
 pub fn log_notes() {
-    let idle = IdlePolling::read();
-    if idle.halts_at_once() {
-        tracing::info!(
-            %idle,
-            "idle vCPUs halt without polling: every wake-up across vCPUs goes through the \
-             hypervisor, which can double lock latency (docs/operations.md, idle polling)"
-        );
-    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let idle = IdlePolling::read();
+        if idle.halts_at_once() {
+            tracing::info!(
+                %idle,
+                "idle vCPUs halt without polling: every wake-up across vCPUs goes through the \
+                 hypervisor, which can double lock latency (docs/operations.md, idle polling)"
+            );
+        }
+    });
 }
 
 #[cfg(test)]
@@ -73,23 +90,33 @@ mod tests {
     #[test]
     fn a_kvm_guest_without_halt_polling_is_noticed() {
         let idle = IdlePolling::parse(Some("haltpoll\n"), Some("0\n"));
-        assert_eq!(idle, IdlePolling { driver: Some("haltpoll".into()), halt_poll_ns: Some(0) });
+        assert_eq!((idle.driver(), idle.halt_poll_ns()), (Some("haltpoll"), Some(0)));
         assert!(idle.halts_at_once());
         assert_eq!(idle.to_string(), "cpuidle driver haltpoll, guest_halt_poll_ns 0");
     }
 
     #[test]
-    fn polling_guests_and_other_machines_are_not() {
-        let polling = IdlePolling::parse(Some("haltpoll\n"), Some("200000\n"));
-        assert!(!polling.halts_at_once());
-        assert_eq!(polling.to_string(), "cpuidle driver haltpoll, guest_halt_poll_ns 200000");
-        // The haltpoll module's setting counts only while its driver is the one in use.
-        let other = IdlePolling::parse(Some("intel_idle\n"), Some("0\n"));
-        assert!(!other.halts_at_once());
-        assert_eq!(other.to_string(), "cpuidle driver intel_idle");
+    fn a_polling_guest_is_not() {
+        let idle = IdlePolling::parse(Some("haltpoll\n"), Some("200000\n"));
+        assert!(!idle.halts_at_once());
+        assert_eq!(idle.to_string(), "cpuidle driver haltpoll, guest_halt_poll_ns 200000");
+    }
+
+    #[test]
+    fn the_haltpoll_setting_counts_only_under_its_driver() {
+        let idle = IdlePolling::parse(Some("intel_idle\n"), Some("0\n"));
+        assert_eq!(idle.halt_poll_ns(), None);
+        assert!(!idle.halts_at_once());
+        assert_eq!(idle.to_string(), "cpuidle driver intel_idle");
+    }
+
+    #[test]
+    fn missing_or_garbled_files_say_nothing() {
         let none = IdlePolling::parse(None, None);
         assert!(!none.halts_at_once());
         assert_eq!(none.to_string(), "no cpuidle driver");
-        assert_eq!(IdlePolling::parse(Some("haltpoll"), Some("a lot")).halt_poll_ns, None);
+        let garbled = IdlePolling::parse(Some("haltpoll"), Some("a lot"));
+        assert_eq!(garbled.halt_poll_ns(), None);
+        assert!(!garbled.halts_at_once());
     }
 }
