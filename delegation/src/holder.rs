@@ -55,15 +55,16 @@
 //! `poll_timeout` is not in the future.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
-use std::sync::Arc;
+use std::collections::{BinaryHeap, HashSet, VecDeque};
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{Instant, NodeId};
 
 use crate::authority::Authority;
 use crate::check::{self, CheckAnswer};
+use crate::keyhash::KeyHasher;
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Message, Refusal, RequestId, Successor};
 use crate::token::FencingToken;
@@ -78,10 +79,9 @@ const MAX_DOUBLINGS: u32 = 5;
 /// Shortest `retry` and `resend` accepted: zero would let a timer fire at its own instant forever.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// The hasher of the holder's maps. Keys come from applications and, through grants and recalls,
-/// from the network, so it is keyed with per-process random secrets (aHash's `RandomState` draws
-/// them from the operating system) rather than fixed; it is several times cheaper than std's
-/// SipHash on the hot path's one look-up per `lock`.
+/// The hasher of the holder's sets of serials: keyed with per-process random secrets (aHash's
+/// `RandomState` draws them from the operating system). Keys are hashed by
+/// [`HolderConfig::key_hasher`].
 type Hasher = ahash::RandomState;
 
 /// Settings of one node's holder. Build with [`HolderConfig::new`] and adjust fields.
@@ -114,6 +114,10 @@ pub struct HolderConfig {
     /// `serials.step` after it, so that several holders of one node (its key shards) never give
     /// out the same serial. `{ first: 1, step: 1 }` by default.
     pub serials: Serials,
+    /// Hashes keys for the holder's index: random secrets by default. A caller that hashes keys
+    /// itself (the node picks a key's shard by its hash) shares it and hands hashes in with
+    /// [`Holder::try_lock_hashed`].
+    pub key_hasher: KeyHasher,
     /// Safety rules switched off, for tests that show the simulation notices. All off by default.
     #[cfg(feature = "bug-injection")]
     pub bugs: crate::bugs::Bugs,
@@ -148,6 +152,7 @@ impl HolderConfig {
             prefetch_wait: Duration::from_secs(2),
             walk_step: DEFAULT_WALK_STEP,
             serials: Serials::ALL,
+            key_hasher: KeyHasher::random(),
             #[cfg(feature = "bug-injection")]
             bugs: crate::bugs::Bugs::default(),
         }
@@ -286,8 +291,8 @@ pub struct DelegationInfo {
 #[derive(Debug)]
 pub struct Holder {
     config: HolderConfig,
-    /// Key → slot in `slots`; the key is the same allocation as the entry's.
-    index: HashMap<Arc<[u8]>, u32, Hasher>,
+    /// The slot in `slots` of each key, by the key's hash (`config.key_hasher`).
+    index: HashTable<u32>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
     /// Wake-ups `(at, slot)`; an item counts only while it equals its entry's `scheduled`.
@@ -334,7 +339,7 @@ struct Sent {
 /// Everything one key needs. Exists while any field is in use; see [`Entry::is_empty`].
 #[derive(Debug)]
 struct Entry {
-    key: Arc<[u8]>,
+    key: Box<[u8]>,
     deleg: Option<Delegation>,
     /// The local handle. Some only while `deleg` is.
     local: Option<Local>,
@@ -456,7 +461,7 @@ impl Holder {
         let _ = now;
         Holder {
             config,
-            index: HashMap::with_hasher(Hasher::new()),
+            index: HashTable::new(),
             slots: Vec::new(),
             free: Vec::new(),
             timers: BinaryHeap::new(),
@@ -486,7 +491,7 @@ impl Holder {
 
     /// The live delegation this holder holds for `key` at `now`, if any.
     pub fn delegation(&self, now: Instant, key: &[u8]) -> Option<DelegationInfo> {
-        let d = self.entry(*self.index.get(key)?)?.deleg.as_ref()?;
+        let d = self.entry(self.find(key)?)?.deleg.as_ref()?;
         (now < d.deadline).then_some(DelegationInfo {
             grantee: d.grantee,
             deadline: d.deadline,
@@ -522,11 +527,25 @@ impl Holder {
     /// before anything is allocated.
     #[inline]
     pub fn try_lock(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Result<Handle, LockError> {
+        self.try_lock_hashed(now, key, self.config.key_hasher.hash(key), ttl)
+    }
+
+    /// [`Holder::try_lock`] of a key whose hash the caller has: `hash` is
+    /// `config.key_hasher.hash(key)`.
+    #[inline]
+    pub fn try_lock_hashed(
+        &mut self,
+        now: Instant,
+        key: &[u8],
+        hash: u64,
+        ttl: Duration,
+    ) -> Result<Handle, LockError> {
+        debug_assert_eq!(hash, self.config.key_hasher.hash(key), "a hash from another hasher");
         self.check(key, ttl)?;
-        if let Some(handle) = self.admit_now(now, key, ttl) {
+        if let Some(handle) = self.admit_now(now, key, hash, ttl) {
             return Ok(handle);
         }
-        self.prefetch(now, key);
+        self.prefetch(now, key, hash);
         Err(LockError::WouldBlock)
     }
 
@@ -551,15 +570,16 @@ impl Holder {
         auth: &A,
     ) -> Result<LockOutcome, LockError> {
         self.check(key, ttl)?;
-        if let Some(handle) = self.admit_now(now, key, ttl) {
+        let hash = self.config.key_hasher.hash(key);
+        if let Some(handle) = self.admit_now(now, key, hash, ttl) {
             return Ok(LockOutcome::Locked(handle));
         }
         if wait.is_zero() {
-            self.prefetch(now, key);
+            self.prefetch(now, key, hash);
             return Err(LockError::WouldBlock);
         }
         self.io.epoch = auth.epoch();
-        let existing = self.index.get(key).copied();
+        let existing = self.find_hashed(key, hash);
         let held = existing.and_then(|s| self.entry(s)).is_some_and(|e| e.deleg.is_some());
         if !held && auth.home_of(key).is_none() {
             return Err(LockError::NoHome);
@@ -574,7 +594,7 @@ impl Holder {
             None if self.index.len() >= self.config.limits.max_holder_keys => {
                 return Err(LockError::TooManyKeys);
             }
-            None => self.insert(now, key),
+            None => self.insert(now, key, hash),
         };
         let serial = self.io.serial();
         let e = self.slots[slot as usize].as_mut().expect("slot just looked up");
@@ -776,6 +796,7 @@ impl Holder {
     /// The earliest instant at which [`Holder::handle_timeout`] must be called; `None` when
     /// nothing is scheduled. While an epoch walk is in progress, no later than the instant it
     /// started (it is due until it is over; each call takes one step).
+    #[inline]
     pub fn poll_timeout(&self) -> Option<Instant> {
         earliest(self.poll_timer(), self.walk.map(|w| w.since()))
     }
@@ -826,9 +847,11 @@ impl Holder {
         Ok(())
     }
 
-    /// The hot path: look the key up without allocating and admit if possible.
-    fn admit_now(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Option<Handle> {
-        let slot = *self.index.get(key)?;
+    /// The hot path: look the key up without allocating and admit if possible. Inlined, like
+    /// [`Entry::admit`], so that the [`Handle`] is built where the caller keeps it.
+    #[inline]
+    fn admit_now(&mut self, now: Instant, key: &[u8], hash: u64, ttl: Duration) -> Option<Handle> {
+        let slot = self.find_hashed(key, hash)?;
         let e = self.slots[slot as usize].as_mut()?;
         if !e.can_admit(now) {
             return None;
@@ -842,11 +865,11 @@ impl Holder {
         Some(handle)
     }
 
-    fn prefetch(&mut self, now: Instant, key: &[u8]) {
-        let slot = match self.index.get(key) {
-            Some(&slot) => slot,
+    fn prefetch(&mut self, now: Instant, key: &[u8], hash: u64) {
+        let slot = match self.find_hashed(key, hash) {
+            Some(slot) => slot,
             None if self.index.len() >= self.config.limits.max_holder_keys => return,
-            None => self.insert(now, key),
+            None => self.insert(now, key, hash),
         };
         let e = self.slots[slot as usize].as_mut().expect("slot just looked up");
         if e.deleg.is_none() && e.request.is_none() {
@@ -856,10 +879,21 @@ impl Holder {
         self.tidy(slot);
     }
 
-    fn insert(&mut self, now: Instant, key: &[u8]) -> u32 {
-        let key: Arc<[u8]> = Arc::from(key);
+    /// The slot of `key`, if the holder tracks it.
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        self.find_hashed(key, self.config.key_hasher.hash(key))
+    }
+
+    /// [`Holder::find`] of a key whose hash is `hash`.
+    #[inline]
+    fn find_hashed(&self, key: &[u8], hash: u64) -> Option<u32> {
+        self.index.find(hash, |&slot| self.entry(slot).is_some_and(|e| *e.key == *key)).copied()
+    }
+
+    /// Tracks `key` (whose hash is `hash`), which the holder does not track yet: its new slot.
+    fn insert(&mut self, now: Instant, key: &[u8], hash: u64) -> u32 {
         let entry = Entry {
-            key: Arc::clone(&key),
+            key: key.into(),
             deleg: None,
             local: None,
             waiters: VecDeque::new(),
@@ -883,21 +917,33 @@ impl Holder {
                 slot
             }
         };
-        self.index.insert(key, slot);
+        let (slots, hasher) = (&self.slots, &self.config.key_hasher);
+        self.index.insert_unique(hash, slot, |&n| {
+            hasher.hash(&slots[n as usize].as_ref().expect("every indexed slot holds an entry").key)
+        });
         slot
     }
 
     /// The slot of a live handle, or why it is not one. A handle found past its deadline is
     /// expired on the spot (with its event) and reported as such.
+    #[inline]
     fn live(&mut self, now: Instant, id: HandleId) -> Result<u32, LockError> {
+        if let Some(e) = self.entry(id.slot)
+            && e.local.as_ref().is_some_and(|l| l.serial == id.serial && now < l.deadline)
+        {
+            return Ok(id.slot);
+        }
+        self.not_live(now, id)
+    }
+
+    /// Why [`Holder::live`] found no live handle: the handle passed its deadline (now, when it
+    /// is still the key's local handle, or earlier), or is unknown.
+    #[cold]
+    fn not_live(&mut self, now: Instant, id: HandleId) -> Result<u32, LockError> {
         let slot = id.slot;
         if let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut)
-            && let Some(local) = &e.local
-            && local.serial == id.serial
+            && e.local.as_ref().is_some_and(|l| l.serial == id.serial)
         {
-            if now < local.deadline {
-                return Ok(slot);
-            }
             self.io.expire_handle(slot, e);
             e.settle(slot, now, &mut self.io);
             self.io.tombstones.remove(&id.serial);
@@ -946,7 +992,9 @@ impl Holder {
         let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
         if e.is_empty() {
             let e = self.slots[slot as usize].take().expect("entry present");
-            self.index.remove(&*e.key);
+            if let Ok(found) = self.index.find_entry(self.config.key_hasher.hash(&e.key), |&n| n == slot) {
+                found.remove();
+            }
             self.free.push(slot);
             return;
         }
@@ -956,6 +1004,7 @@ impl Holder {
     /// [`Holder::reschedule`] after a change that cannot have added a wake-up before `added`:
     /// every other wake-up the entry needs was needed before the change, so the scheduled one
     /// covers it. Skips computing the next wake-up when the scheduled one is not later than `added`.
+    #[inline]
     fn reschedule_unless_covered(&mut self, slot: u32, added: Instant) {
         if let Some(e) = self.entry(slot)
             && let Some(scheduled) = e.scheduled
@@ -993,7 +1042,7 @@ impl Holder {
     // ---- internals: messages ----
 
     fn on_grant<A: Authority + ?Sized>(&mut self, now: Instant, from: NodeId, g: GrantMsg, auth: &A) {
-        let slot = self.index.get(g.key.as_slice()).copied();
+        let slot = self.find(&g.key);
         let matched = slot.filter(|&s| {
             self.entry(s).and_then(|e| e.request.as_ref()).is_some_and(|r| r.id == g.id && r.to == from)
         });
@@ -1133,7 +1182,7 @@ impl Holder {
         reason: Refusal,
         auth: &A,
     ) {
-        let Some(&slot) = self.index.get(key) else { return };
+        let Some(slot) = self.find(key) else { return };
         let config = &self.config;
         let io = &mut self.io;
         let Some(e) = self.slots[slot as usize].as_mut() else { return };
@@ -1186,7 +1235,7 @@ impl Holder {
         next: Option<Successor>,
         auth: &A,
     ) {
-        let Some(&slot) = self.index.get(key) else { return };
+        let Some(slot) = self.find(key) else { return };
         let release_at_once = self.config.bugs().release_before_revoke;
         let io = &mut self.io;
         let Some(e) = self.slots[slot as usize].as_mut() else { return };
@@ -1246,7 +1295,7 @@ impl Holder {
         asker: NodeId,
         auth: &A,
     ) {
-        let slot = self.index.get(key.as_slice()).copied();
+        let slot = self.find(&key);
         if let Some(slot) = slot {
             self.process(now, slot, auth);
         }
@@ -1429,6 +1478,7 @@ impl Entry {
     }
 
     /// Admits one locker; the caller checked the delegation is live and open and the key free.
+    #[inline]
     fn admit(&mut self, slot: u32, now: Instant, ttl: Duration, io: &mut Io) -> Handle {
         let d = self.deleg.as_mut().expect("admission needs a delegation");
         let serial = io.serial();

@@ -16,6 +16,7 @@ pub mod check;
 pub mod guard;
 pub mod holder;
 pub mod home;
+pub mod keyhash;
 pub mod limits;
 pub mod message;
 pub mod token;
@@ -30,6 +31,7 @@ pub use holder::{
     Serials, Ticket,
 };
 pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
+pub use keyhash::KeyHasher;
 pub use limits::Limits;
 pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId, Successor};
 pub use token::{FencingToken, TokenParseError};

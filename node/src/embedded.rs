@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyhome_delegation::{CheckAnswer, FencingToken, HandleId, LockError};
-use keyhome_epoch::{Change, Instant, ProposeError};
+use keyhome_delegation::{CheckAnswer, FencingToken, LockError};
+use keyhome_epoch::{Change, ProposeError};
 use tokio::sync::oneshot;
 
 use crate::core::Owner;
@@ -30,9 +30,10 @@ impl Node {
     /// key's home for the delegation in the background.
     #[inline]
     pub fn try_lock(&self, key: &[u8], ttl: Duration) -> Result<LockGuard<'_>, LockError> {
-        let handle =
-            self.shared.with_core(|core, now, out| core.try_lock(now, key, ttl, Owner::Embedded, out))?;
-        Ok(LockGuard::new(&self.shared, handle))
+        let shared = &self.shared;
+        shared.with_core(|core, now, out| {
+            core.try_lock(now, key, ttl, Owner::Embedded, out).map(|handle| LockGuard::new(shared, handle))
+        })
     }
 
     /// Locks `key` for `ttl`, waiting at most `wait` for it.
@@ -87,67 +88,56 @@ impl Node {
 #[must_use = "dropping the guard unlocks at once"]
 pub struct LockGuard<'a> {
     shared: &'a Arc<Shared>,
-    handle: HandleId,
-    token: FencingToken,
-    deadline: Instant,
-    note: Option<Vec<u8>>,
-    recovered: bool,
+    /// Kept whole: moved in one piece from the core's answer (its deadline as last renewed).
+    handle: keyhome_delegation::Handle,
     done: bool,
 }
 
 impl<'a> LockGuard<'a> {
     #[inline]
     fn new(shared: &'a Arc<Shared>, handle: keyhome_delegation::Handle) -> LockGuard<'a> {
-        LockGuard {
-            shared,
-            handle: handle.id,
-            token: handle.token,
-            deadline: handle.deadline,
-            note: handle.note,
-            recovered: handle.recovered,
-            done: false,
-        }
+        LockGuard { shared, handle, done: false }
     }
 
     /// The fencing token to present to resources: greater than every earlier holder's.
     pub fn token(&self) -> FencingToken {
-        self.token
+        self.handle.token
     }
 
     /// The previous holder's handoff note.
     pub fn note(&self) -> Option<&[u8]> {
-        self.note.as_deref()
+        self.handle.note.as_deref()
     }
 
     /// The previous holder's delegation expired: it may have stopped halfway.
     pub fn recovered(&self) -> bool {
-        self.recovered
+        self.handle.recovered
     }
 
     /// Time left before the lock must be renewed (zero once it has passed). Nothing takes the
     /// lock away before then; past it, the lock may be someone else's.
     pub fn valid_for(&self) -> Duration {
-        self.shared.clock.until(self.deadline)
+        self.shared.clock.until(self.handle.deadline)
     }
 
     /// Whether another node wants the key: the lock stays valid for [`LockGuard::valid_for`],
     /// renewals no longer extend it, and the holder should unlock as soon as it can.
     pub fn recalled(&self) -> bool {
-        self.shared.core.recalled(self.shared.clock.now(), self.handle)
+        self.shared.core.recalled(self.shared.clock.now(), self.handle.id)
     }
 
     /// Extends the lock to `ttl` from now (bounded by its delegation); returns the time left.
     pub fn renew(&mut self, ttl: Duration) -> Result<Duration, LockError> {
-        let handle = self.handle;
+        let handle = self.handle.id;
         let deadline = self.shared.with_core(|core, now, out| core.renew(now, handle, ttl, out))?;
-        self.deadline = deadline;
+        self.handle.deadline = deadline;
         Ok(self.valid_for())
     }
 
     /// Unlocks, leaving `note` for the next holder.
     pub fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), LockError> {
         self.done = true;
-        let handle = self.handle;
+        let handle = self.handle.id;
         self.shared.with_core(|core, now, out| core.unlock(now, handle, note, out))
     }
 }
@@ -156,7 +146,7 @@ impl Drop for LockGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         if !self.done {
-            let handle = self.handle;
+            let handle = self.handle.id;
             let _ = self.shared.with_core(|core, now, out| core.unlock(now, handle, None, out));
         }
     }

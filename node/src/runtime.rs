@@ -230,9 +230,17 @@ impl<'a> Carrier<'a> {
     }
 
     /// What waits until the call is over: unlocking handles nobody claimed, failing the core,
-    /// waking the timer task, telling the sessions.
+    /// waking the timer task, telling the sessions. Most calls (every re-lock and unlock) leave
+    /// none of it: they return after one test.
     #[inline]
-    fn finish(mut self) {
+    fn finish(self) {
+        if self.later.is_some() || self.failed || self.wake {
+            self.finish_slow();
+        }
+    }
+
+    #[inline(never)]
+    fn finish_slow(mut self) {
         let shared = self.shared;
         while let Some(handle) = self.later.as_mut().and_then(|later| later.unclaimed.pop()) {
             let _ = shared.core.unlock(self.now, handle.id, handle.note, &mut self);

@@ -25,8 +25,10 @@
 //! their pending calls, client handles and token checks). A shard reads the [`EpochView`] the
 //! membership publishes whenever the epoch or the home lease changes, and is handed it, under the
 //! membership's lock, before anything else happens in the call that changed it. Every delegation
-//! message is about one key and goes to that key's shard; handle serials, lock tickets and check
-//! ids name their shard (serial mod `K`). Locks are only ever taken membership first, then one
+//! message is about one key and goes to that key's shard, picked from the key's hash by the
+//! holders' [`KeyHasher`] (an embedded re-lock hands the shard's holder that hash: one hash per
+//! call); handle serials, lock tickets and check ids name their shard in their low bits (see
+//! `Place` in `shard.rs`). Locks are only ever taken membership first, then one
 //! shard at a time: a call about a key takes its shard's lock alone, and nothing a shard does
 //! reaches another part. Each call hands its part's outputs to the sink under that part's lock,
 //! so what one part sends leaves in the order it produced it.
@@ -61,7 +63,7 @@ use std::time::Duration;
 
 use keyhome_delegation::{
     CheckAnswer, FencingToken, Handle, HandleId, Holder, HolderConfig, Home, HomeConfig, HomeCounters,
-    LockError, LockOutcome, Message as DMessage, Refusal, Serials, Ticket,
+    KeyHasher, LockError, LockOutcome, Message as DMessage, Refusal, Serials, Ticket,
 };
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{
@@ -223,14 +225,18 @@ impl Sink for Vec<Output> {
 /// Locks one part of the core. A poisoned lock means a thread panicked while holding it: the
 /// node is fail-stop, so it stops rather than run on with state a panic may have left
 /// half-changed.
+#[inline]
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     match m.lock() {
         Ok(guard) => guard,
-        Err(_) => {
-            eprintln!("keyhome: a thread panicked while holding node state; stopping (fail-stop)");
-            std::process::abort()
-        }
+        Err(_) => poisoned(),
     }
+}
+
+#[cold]
+fn poisoned() -> ! {
+    eprintln!("keyhome: a thread panicked while holding node state; stopping (fail-stop)");
+    std::process::abort()
 }
 
 /// One shard behind its own lock, alone on its cache lines (two threads on two shards share no
@@ -267,8 +273,11 @@ pub struct Core {
     id: NodeId,
     membership: Mutex<Membership>,
     shards: Box<[Slot]>,
-    /// Picks a key's shard: fixed seeds, so that runs (and the simulation) are reproducible.
-    hasher: ahash::RandomState,
+    /// Picks a serial's shard: `serial & serial_mask` (see [`Place`]).
+    serial_mask: u64,
+    /// Hashes keys, to pick a key's shard and to look it up in the shard's holder (every shard's
+    /// holder hashes with it): a key is hashed once per call.
+    key_hasher: KeyHasher,
     /// Frames for peers that could not be queued (see [`Core::count_dropped`]).
     dropped: AtomicU64,
     /// The lock wait and hold histograms every shard records into.
@@ -296,7 +305,7 @@ impl Core {
         let activity = Activity::default();
         let shards = (0..count)
             .map(|index| {
-                let place = Place { index: index as u64, count: count as u64 };
+                let place = Place::new(index, count);
                 let (home, holder) = share_out(&home, &holder, place);
                 Slot(Mutex::new(Shard::new(
                     place,
@@ -312,7 +321,8 @@ impl Core {
             id,
             membership: Mutex::new(Membership::new(epoch, now)),
             shards,
-            hasher: ahash::RandomState::with_seeds(0x6b65_7968, 0x6f6d_6521, 0x7368_6172, 0x6473_0001),
+            serial_mask: count.next_power_of_two() as u64 - 1,
+            key_hasher: holder.key_hasher.clone(),
             dropped: AtomicU64::new(0),
             activity,
         };
@@ -421,7 +431,10 @@ impl Core {
         owner: Owner,
         out: &mut impl Sink,
     ) -> Result<Handle, LockError> {
-        self.with_shard(self.shard_of(key), out, |s| s.try_lock(now, key, ttl, owner))
+        let hash = self.key_hasher.hash(key);
+        self.with_shard(&self.shards[self.shard_of_hash(hash)].0, out, |s| {
+            s.try_lock(now, key, hash, ttl, owner)
+        })
     }
 
     /// Gives up a pending lock; `false` if it was already decided (its [`Output::LockDone`] went
@@ -731,8 +744,17 @@ impl Core {
     /// The index of `key`'s shard.
     #[inline]
     pub fn shard_index(&self, key: &[u8]) -> usize {
-        let count = self.shards.len();
-        if count == 1 { 0 } else { (self.hasher.hash_one(key) % count as u64) as usize }
+        self.shard_of_hash(self.key_hasher.hash(key))
+    }
+
+    /// The index of the shard of a key whose hash is `hash`: bits 24 to 55 of the hash, scaled to
+    /// the shard count by a multiply (Lemire's reduction), not a division. The holder's index
+    /// uses the lowest bits (bucket) and the top 7 (tag), which this leaves as random within a
+    /// shard as they are over all keys.
+    #[inline]
+    fn shard_of_hash(&self, hash: u64) -> usize {
+        let middle = u64::from((hash >> 24) as u32);
+        ((middle * self.shards.len() as u64) >> 32) as usize
     }
 
     /// The shard of `key`.
@@ -744,7 +766,10 @@ impl Core {
     /// The shard that gave out a serial (a handle's, a ticket's) or a check id.
     #[inline]
     fn shard_of_serial(&self, serial: u64) -> &Mutex<Shard> {
-        &self.shards[(serial % self.shards.len() as u64) as usize].0
+        // A serial no shard gave out (a client may name any) may point past the last shard: it
+        // goes to the last one, which does not know it either.
+        let index = ((serial & self.serial_mask) as usize).min(self.shards.len() - 1);
+        &self.shards[index].0
     }
 
     /// Runs `f` on `shard` and hands what it produced to `out`, under the shard's lock.
@@ -803,8 +828,7 @@ fn share_out(home: &HomeConfig, holder: &HolderConfig, place: Place) -> (HomeCon
     let mut holder = holder.clone();
     holder.limits.max_holder_keys = part(holder.limits.max_holder_keys);
     if !holder.bugs().shared_serials {
-        holder.serials =
-            Serials { first: if place.index == 0 { place.count } else { place.index }, step: place.count };
+        holder.serials = Serials { first: place.first(), step: place.stride };
     }
     (home, holder)
 }
@@ -831,12 +855,13 @@ mod tests {
         let (home, holder) = (HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)));
         for count in 1..=5u64 {
             let mut firsts = Vec::new();
+            let mask = count.next_power_of_two() - 1;
             for index in 0..count {
-                let (h, l) = share_out(&home, &holder, Place { index, count });
-                // Serial `s` belongs to shard `s % count`, and 0 is never a serial.
+                let (h, l) = share_out(&home, &holder, Place::new(index as usize, count as usize));
+                // Serial `s` belongs to shard `s & mask`, and 0 is never a serial.
                 assert!(l.serials.first >= 1);
-                assert_eq!(l.serials.first % count, index);
-                assert_eq!(l.serials.step, count);
+                assert_eq!(l.serials.first & mask, index);
+                assert_eq!(l.serials.step, mask + 1);
                 firsts.push(l.serials.first);
                 assert!(h.limits.max_delegations as u64 * count >= Limits::DEFAULT.max_delegations as u64);
                 assert!(l.limits.max_holder_keys as u64 * count >= Limits::DEFAULT.max_holder_keys as u64);
@@ -844,6 +869,25 @@ mod tests {
             firsts.sort_unstable();
             firsts.dedup();
             assert_eq!(firsts.len() as u64, count);
+        }
+    }
+
+    #[test]
+    fn a_serial_that_names_no_shard_is_not_held() {
+        let members = (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) });
+        let genesis =
+            EpochRecord::genesis(members.collect(), keyhome_epoch::Timing::DEFAULT).expect("genesis");
+        let epoch = EpochNode::start(
+            keyhome_epoch::Config::new(NodeId(1), 1),
+            keyhome_epoch::Durable::genesis(genesis),
+            Instant::ZERO,
+        );
+        let (home, holder) = (HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)));
+        // Three shards give out serials 4 apart: serials of the form 4n + 3 name no shard.
+        let core = Core::new(epoch, home, holder, 3, Instant::ZERO, &mut Vec::new());
+        let owner = ClientOwner { conn: 1, identity: 1 };
+        for serial in [0, 3, 7, 8, u64::MAX] {
+            assert_eq!(core.claim(serial, owner), Err(ClaimError::NotHeld(serial)));
         }
     }
 }

@@ -35,12 +35,28 @@ struct Waiting {
     since: Instant,
 }
 
-/// Where a shard sits among its node's shards: its check ids (like its holder's serials) are
-/// `index`, `index + count`, `index + 2 · count`, … over all shards none is given twice.
+/// Where a shard sits among its node's `count` shards: its check ids (like its holder's serials)
+/// are `index`, `index + stride`, `index + 2 · stride`, …, so none is given twice and an id's low
+/// bits name its shard (`id & (stride - 1) == index`: no division on the unlock path).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Place {
     pub index: u64,
     pub count: u64,
+    /// The power of two at or above `count`.
+    pub stride: u64,
+}
+
+impl Place {
+    /// The place of shard `index` of `count`.
+    pub fn new(index: usize, count: usize) -> Place {
+        let count = count as u64;
+        Place { index: index as u64, count, stride: count.next_power_of_two() }
+    }
+
+    /// The first id this shard gives out: `index`, or `stride` for shard 0 (0 is never an id).
+    pub fn first(self) -> u64 {
+        if self.index == 0 { self.stride } else { self.index }
+    }
 }
 
 /// See the module docs.
@@ -208,15 +224,17 @@ impl Shard {
         outcome
     }
 
+    /// [`Holder::try_lock_hashed`]: `hash` is the key's, by the holder's key hasher.
     #[inline]
     pub fn try_lock(
         &mut self,
         now: Instant,
         key: &[u8],
+        hash: u64,
         ttl: Duration,
         owner: Owner,
     ) -> Result<Handle, LockError> {
-        let result = self.holder.try_lock(now, key, ttl);
+        let result = self.holder.try_lock_hashed(now, key, hash, ttl);
         if let Ok(handle) = &result {
             self.admitted(now, key, handle, owner, true);
         }
@@ -280,8 +298,8 @@ impl Shard {
             return Err(LockError::QueueFull);
         }
         self.last_check = match self.last_check {
-            0 => self.place.index + self.place.count,
-            last => last + self.place.count,
+            0 => self.place.first(),
+            last => last + self.place.stride,
         };
         let id = self.last_check;
         self.checks.insert(id, key.clone());
@@ -314,6 +332,7 @@ impl Shard {
 
     // ---- internals ----
 
+    #[inline]
     fn admitted(&mut self, now: Instant, key: &[u8], handle: &Handle, owner: Owner, immediate: bool) {
         if let Owner::Client(c) = owner {
             self.owners.insert(handle.id.serial(), (handle.id, c, now));
@@ -339,6 +358,7 @@ impl Shard {
 
     /// Forgets a client handle's owner, recording how long it was held (a no-op for embedded
     /// handles, without hashing when no client holds anything).
+    #[inline]
     fn disown(&mut self, now: Instant, handle: HandleId) -> Option<ClientOwner> {
         if self.owners.is_empty() {
             return None;
@@ -392,14 +412,25 @@ impl Shard {
     /// unlock) leaves nothing behind in the common case. Every call leaves the home and holder
     /// drained and no local message queued, so only the holder can have produced something: when
     /// it has not, there is nothing to drain, and the call reached the holder alone.
+    #[inline]
     fn settle_if_due(&mut self, now: Instant) {
         debug_assert!(self.local.is_empty(), "a local message outlived the call that queued it");
-        if self.holder.poll_timer().is_some_and(|t| t <= now) {
-            self.settle(now);
-        } else if self.holder.has_output() {
-            self.drain(now);
+        if self.holder.poll_timer().is_some_and(|t| t <= now) || self.holder.has_output() {
+            self.settle_after_holder(now);
         } else {
             self.holder_only = true;
+        }
+    }
+
+    /// The rare half of [`Shard::settle_if_due`], kept out of line so that the hot path's
+    /// callers keep their results in place.
+    #[cold]
+    #[inline(never)]
+    fn settle_after_holder(&mut self, now: Instant) {
+        if self.holder.poll_timer().is_some_and(|t| t <= now) {
+            self.settle(now);
+        } else {
+            self.drain(now);
         }
     }
 

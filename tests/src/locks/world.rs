@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, HolderConfig, HomeConfig, LockError, LockOutcome,
-    Message as DMessage, Refusal, Ticket,
+    Body as DBody, FencingToken, Handle, HandleId, HolderConfig, HomeConfig, KeyHasher, LockError,
+    LockOutcome, Message as DMessage, Refusal, Ticket,
 };
 use keyhome_epoch::time::rate_margin;
 use keyhome_epoch::{Body, Change, Config, Durable, EpochNode, EpochRecord, Instant, Message, ProposeError};
@@ -384,6 +384,8 @@ impl LockWorld {
         holder_config.retry = p.retry;
         holder_config.resend = p.resend;
         holder_config.bugs = scenario.bugs;
+        // Keys hash (and so pick their shards) the same way whenever this seed runs.
+        holder_config.key_hasher = KeyHasher::with_seeds([scenario.base.seed, slot.id.0, slot.run, 0]);
         home_config.walk_step = scenario.walk.step;
         holder_config.walk_step = scenario.walk.step;
         // The core waits this long before acting as home after a start (`EpochNode::start`).
