@@ -64,7 +64,7 @@ use keyhome_epoch::{Instant, NodeId};
 
 use crate::authority::Authority;
 use crate::check::{self, CheckAnswer};
-use crate::keyhash::KeyHasher;
+use crate::keyhash::{HashedKey, KeyHasher};
 use crate::limits::Limits;
 use crate::message::{Body, Grantee, Message, Refusal, RequestId, Successor};
 use crate::token::FencingToken;
@@ -79,8 +79,8 @@ const MAX_DOUBLINGS: u32 = 5;
 /// Shortest `retry` and `resend` accepted: zero would let a timer fire at its own instant forever.
 const MIN_INTERVAL: Duration = Duration::from_millis(1);
 
-/// The hasher of the holder's sets of serials: keyed with per-process random secrets (aHash's
-/// `RandomState` draws them from the operating system). Keys are hashed by
+/// The hasher of the holder's set of expired serials: keyed with per-process random secrets
+/// (aHash's `RandomState` draws them from the operating system). Keys are hashed by
 /// [`HolderConfig::key_hasher`].
 type Hasher = ahash::RandomState;
 
@@ -291,7 +291,10 @@ pub struct DelegationInfo {
 #[derive(Debug)]
 pub struct Holder {
     config: HolderConfig,
-    /// The slot in `slots` of each key, by the key's hash (`config.key_hasher`).
+    /// The slot in `slots` of each key the holder tracks, stored under the key's hash by
+    /// `config.key_hasher` (which never changes): every key once, and only slots that hold an
+    /// entry (`insert` fills the slot before it indexes it; `tidy` takes the index entry out
+    /// when it frees the slot).
     index: HashTable<u32>,
     slots: Vec<Option<Entry>>,
     free: Vec<u32>,
@@ -527,20 +530,20 @@ impl Holder {
     /// before anything is allocated.
     #[inline]
     pub fn try_lock(&mut self, now: Instant, key: &[u8], ttl: Duration) -> Result<Handle, LockError> {
-        self.try_lock_hashed(now, key, self.config.key_hasher.hash(key), ttl)
+        self.try_lock_hashed(now, self.config.key_hasher.hashed(key), ttl)
     }
 
-    /// [`Holder::try_lock`] of a key whose hash the caller has: `hash` is
-    /// `config.key_hasher.hash(key)`.
+    /// [`Holder::try_lock`] of a key the caller hashed already, with this holder's
+    /// [`HolderConfig::key_hasher`] (with another hasher's hash the key would not be found).
     #[inline]
     pub fn try_lock_hashed(
         &mut self,
         now: Instant,
-        key: &[u8],
-        hash: u64,
+        key: HashedKey<'_>,
         ttl: Duration,
     ) -> Result<Handle, LockError> {
-        debug_assert_eq!(hash, self.config.key_hasher.hash(key), "a hash from another hasher");
+        debug_assert_eq!(key.hash(), self.config.key_hasher.hash(key.key()), "hashed by another hasher");
+        let (key, hash) = (key.key(), key.hash());
         self.check(key, ttl)?;
         if let Some(handle) = self.admit_now(now, key, hash, ttl) {
             return Ok(handle);
@@ -937,9 +940,16 @@ impl Holder {
     }
 
     /// Why [`Holder::live`] found no live handle: the handle passed its deadline (now, when it
-    /// is still the key's local handle, or earlier), or is unknown.
+    /// is still the key's local handle, or earlier), or is unknown. Only for a handle `live`
+    /// turned down: a local handle of this serial is taken to be past its deadline.
     #[cold]
     fn not_live(&mut self, now: Instant, id: HandleId) -> Result<u32, LockError> {
+        debug_assert!(
+            self.entry(id.slot)
+                .and_then(|e| e.local.as_ref())
+                .is_none_or(|l| l.serial != id.serial || now >= l.deadline),
+            "not_live of a live handle"
+        );
         let slot = id.slot;
         if let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut)
             && e.local.as_ref().is_some_and(|l| l.serial == id.serial)
@@ -992,7 +1002,9 @@ impl Holder {
         let Some(e) = self.slots.get_mut(slot as usize).and_then(Option::as_mut) else { return };
         if e.is_empty() {
             let e = self.slots[slot as usize].take().expect("entry present");
-            if let Ok(found) = self.index.find_entry(self.config.key_hasher.hash(&e.key), |&n| n == slot) {
+            let found = self.index.find_entry(self.config.key_hasher.hash(&e.key), |&n| n == slot);
+            debug_assert!(found.is_ok(), "a tracked key was not in the index");
+            if let Ok(found) = found {
                 found.remove();
             }
             self.free.push(slot);

@@ -3,7 +3,7 @@
 //!
 //! A node with several key shards hashes a key to pick its shard, then its shard's holder looks
 //! the key up: with one hasher for both ([`HolderConfig::key_hasher`](crate::HolderConfig), the
-//! same in every shard) the node hands the holder the hash it already has
+//! same in every shard) the node hands the holder the [`HashedKey`] it already has
 //! ([`Holder::try_lock_hashed`](crate::Holder::try_lock_hashed)), and the embedded re-lock hashes
 //! its key once instead of twice, before it takes any lock.
 //!
@@ -13,8 +13,8 @@
 
 use std::hash::BuildHasher;
 
-/// A keyed hash of keys (aHash): see the module docs.
-#[derive(Clone, Debug)]
+/// A keyed hash of keys (aHash): see the module docs. Its `Debug` form hides the secrets.
+#[derive(Clone)]
 pub struct KeyHasher {
     seeds: [u64; 4],
     state: ahash::RandomState,
@@ -40,6 +40,36 @@ impl KeyHasher {
     pub fn hash(&self, key: &[u8]) -> u64 {
         self.state.hash_one(key)
     }
+
+    /// `key` with its hash, to hand to a holder keyed by this hasher.
+    #[inline]
+    pub fn hashed<'a>(&self, key: &'a [u8]) -> HashedKey<'a> {
+        HashedKey { key, hash: self.hash(key) }
+    }
+}
+
+impl std::fmt::Debug for KeyHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyHasher").finish_non_exhaustive()
+    }
+}
+
+/// A key and its hash by one [`KeyHasher`] (only [`KeyHasher::hashed`] makes one), so that the
+/// two travel together. A holder given one of another hasher's would not find the key.
+#[derive(Clone, Copy, Debug)]
+pub struct HashedKey<'a> {
+    key: &'a [u8],
+    hash: u64,
+}
+
+impl<'a> HashedKey<'a> {
+    pub fn key(self) -> &'a [u8] {
+        self.key
+    }
+
+    pub fn hash(self) -> u64 {
+        self.hash
+    }
 }
 
 impl PartialEq for KeyHasher {
@@ -60,6 +90,8 @@ mod tests {
         assert_eq!(a.hash(b"k"), KeyHasher::with_seeds([1, 2, 3, 4]).hash(b"k"));
         assert_ne!(a.hash(b"k"), KeyHasher::with_seeds([1, 2, 3, 5]).hash(b"k"));
         assert_eq!(a, a.clone());
+        assert_eq!(a.hashed(b"k").hash(), a.hash(b"k"));
         assert_ne!(KeyHasher::random(), KeyHasher::random());
+        assert_eq!(format!("{a:?}"), "KeyHasher { .. }", "the secrets are not printed");
     }
 }

@@ -31,7 +31,7 @@ pub use holder::{
     Serials, Ticket,
 };
 pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
-pub use keyhash::KeyHasher;
+pub use keyhash::{HashedKey, KeyHasher};
 pub use limits::Limits;
 pub use message::{Body, Grantee, Handed, Key, Message, Refusal, RequestId, Successor};
 pub use token::{FencingToken, TokenParseError};

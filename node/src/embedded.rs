@@ -67,7 +67,8 @@ impl Node {
     }
 
     /// The key shard `key` belongs to on this node (0 to the shard count, exclusive): keys of
-    /// different shards lock on different threads without sharing a lock.
+    /// different shards lock on different threads without sharing a lock. The mapping holds for
+    /// the life of this `Node` only: it is keyed with secrets drawn at each start.
     pub fn shard_of(&self, key: &[u8]) -> usize {
         self.shared.core.shard_index(key)
     }

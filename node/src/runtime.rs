@@ -230,8 +230,8 @@ impl<'a> Carrier<'a> {
     }
 
     /// What waits until the call is over: unlocking handles nobody claimed, failing the core,
-    /// waking the timer task, telling the sessions. Most calls (every re-lock and unlock) leave
-    /// none of it: they return after one test.
+    /// waking the timer task, telling the sessions. Most calls (a re-lock, and an unlock that
+    /// moves no deadline earlier) leave none of it: they return after one test.
     #[inline]
     fn finish(self) {
         if self.later.is_some() || self.failed || self.wake {
@@ -239,6 +239,8 @@ impl<'a> Carrier<'a> {
         }
     }
 
+    /// [`Carrier::finish`] when the call left something: `finish` tests every field this acts on
+    /// (`later`, `failed`, `wake`).
     #[inline(never)]
     fn finish_slow(mut self) {
         let shared = self.shared;

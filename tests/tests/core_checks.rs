@@ -44,7 +44,10 @@ fn a_check_answer_counts_only_for_the_key_asked_about() {
     let home = c.epoch().home_of(&key).expect("a home");
     let id = c.check(now, key.clone(), token, Duration::from_secs(5), &mut out).expect("a home is known");
     assert_eq!(done(&mut out), vec![]);
-    c.handle_message(now, home, reply(b"other", id), &mut out);
+    // Another key of the same shard, so that the answer reaches the shard that asked.
+    let other =
+        (0..).map(|i| format!("other-{i}").into_bytes()).find(|k| c.shard_index(k) == c.shard_index(&key));
+    c.handle_message(now, home, reply(&other.expect("a key of the same shard"), id), &mut out);
     assert_eq!(done(&mut out), vec![], "an answer about another key is ignored");
     c.handle_message(now, home, reply(&key, id), &mut out);
     assert_eq!(done(&mut out), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);

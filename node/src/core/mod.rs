@@ -233,6 +233,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// [`lock`] found its mutex poisoned: stops the process.
 #[cold]
 fn poisoned() -> ! {
     eprintln!("keyhome: a thread panicked while holding node state; stopping (fail-stop)");
@@ -273,10 +274,11 @@ pub struct Core {
     id: NodeId,
     membership: Mutex<Membership>,
     shards: Box<[Slot]>,
-    /// Picks a serial's shard: `serial & serial_mask` (see [`Place`]).
+    /// Picks a serial's shard: `serial & serial_mask` (the shards' stride less one, see `Place`),
+    /// clamped to the last shard for a serial no shard gave out.
     serial_mask: u64,
     /// Hashes keys, to pick a key's shard and to look it up in the shard's holder (every shard's
-    /// holder hashes with it): a key is hashed once per call.
+    /// holder hashes with it): an embedded `try_lock` hashes its key once.
     key_hasher: KeyHasher,
     /// Frames for peers that could not be queued (see [`Core::count_dropped`]).
     dropped: AtomicU64,
@@ -321,7 +323,7 @@ impl Core {
             id,
             membership: Mutex::new(Membership::new(epoch, now)),
             shards,
-            serial_mask: count.next_power_of_two() as u64 - 1,
+            serial_mask: Place::new(0, count).stride - 1,
             key_hasher: holder.key_hasher.clone(),
             dropped: AtomicU64::new(0),
             activity,
@@ -431,9 +433,10 @@ impl Core {
         owner: Owner,
         out: &mut impl Sink,
     ) -> Result<Handle, LockError> {
-        let hash = self.key_hasher.hash(key);
-        self.with_shard(&self.shards[self.shard_of_hash(hash)].0, out, |s| {
-            s.try_lock(now, key, hash, ttl, owner)
+        // Hashed once: for the shard, and for the shard's holder.
+        let key = self.key_hasher.hashed(key);
+        self.with_shard(self.shard_at(self.shard_of_hash(key.hash())), out, |s| {
+            s.try_lock(now, key, ttl, owner)
         })
     }
 
@@ -741,10 +744,11 @@ impl Core {
 
     // ---- internals ----
 
-    /// The index of `key`'s shard.
+    /// The index of `key`'s shard, for the life of this core (the key hasher's secrets are drawn
+    /// at each start).
     #[inline]
     pub fn shard_index(&self, key: &[u8]) -> usize {
-        self.shard_of_hash(self.key_hasher.hash(key))
+        if self.shards.len() == 1 { 0 } else { self.shard_of_hash(self.key_hasher.hash(key)) }
     }
 
     /// The index of the shard of a key whose hash is `hash`: bits 24 to 55 of the hash, scaled to
@@ -757,10 +761,16 @@ impl Core {
         ((middle * self.shards.len() as u64) >> 32) as usize
     }
 
+    /// Shard number `index` (below the shard count).
+    #[inline]
+    fn shard_at(&self, index: usize) -> &Mutex<Shard> {
+        &self.shards[index].0
+    }
+
     /// The shard of `key`.
     #[inline]
     fn shard_of(&self, key: &[u8]) -> &Mutex<Shard> {
-        &self.shards[self.shard_index(key)].0
+        self.shard_at(self.shard_index(key))
     }
 
     /// The shard that gave out a serial (a handle's, a ticket's) or a check id.
@@ -768,8 +778,7 @@ impl Core {
     fn shard_of_serial(&self, serial: u64) -> &Mutex<Shard> {
         // A serial no shard gave out (a client may name any) may point past the last shard: it
         // goes to the last one, which does not know it either.
-        let index = ((serial & self.serial_mask) as usize).min(self.shards.len() - 1);
-        &self.shards[index].0
+        self.shard_at(((serial & self.serial_mask) as usize).min(self.shards.len() - 1))
     }
 
     /// Runs `f` on `shard` and hands what it produced to `out`, under the shard's lock.

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, Holder, HolderConfig, HolderEvent, Home, HomeConfig,
-    LockError, LockOutcome, Message as DMessage, Ticket,
+    Body as DBody, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, HolderEvent, Home,
+    HomeConfig, LockError, LockOutcome, Message as DMessage, Ticket,
 };
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{EpochView, Instant, NodeId};
@@ -224,19 +224,18 @@ impl Shard {
         outcome
     }
 
-    /// [`Holder::try_lock_hashed`]: `hash` is the key's, by the holder's key hasher.
+    /// [`Holder::try_lock_hashed`]: `key` is hashed by the holder's key hasher.
     #[inline]
     pub fn try_lock(
         &mut self,
         now: Instant,
-        key: &[u8],
-        hash: u64,
+        key: HashedKey<'_>,
         ttl: Duration,
         owner: Owner,
     ) -> Result<Handle, LockError> {
-        let result = self.holder.try_lock_hashed(now, key, hash, ttl);
+        let result = self.holder.try_lock_hashed(now, key, ttl);
         if let Ok(handle) = &result {
-            self.admitted(now, key, handle, owner, true);
+            self.admitted(now, key.key(), handle, owner, true);
         }
         self.settle_if_due(now);
         result
