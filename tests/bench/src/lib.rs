@@ -1,5 +1,6 @@
 //! What the bench's two harnesses share: `keyhome-compare` (src/main.rs, every system through
-//! its usual async client) and `keyhome-lean` (src/bin/keyhome-lean.rs, blocking clients): the
+//! its usual async client, but Redis's one-connection latency through its blocking one) and
+//! `keyhome-lean` (src/bin/keyhome-lean.rs, blocking clients): the
 //! keyhome cluster they start, the Redis lock they use, how they describe the machine, and how
 //! they summarize samples.
 
@@ -12,6 +13,9 @@ use keyhome_epoch::Timing;
 use keyhome_sim::cluster::Options;
 
 pub mod redis_lock;
+
+/// Any failure of a run, with what went wrong.
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Nodes (keyhome), members (etcd, ZooKeeper) and hot-key contenders.
 pub const NODES: usize = 3;

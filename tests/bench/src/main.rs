@@ -1,17 +1,20 @@
 //! keyhome-compare: the same lock scenarios against a 3-node keyhome (started here with the test
 //! harness, clients on the nodes' local sockets) and the peers compare.sh starts on loopback:
 //! etcd (v3 lock API), ZooKeeper (the lock recipe of `zookeeper-client`), Redis (SET NX PX and a
-//! compare-and-delete script; in memory, and with `appendfsync always`). Systems alternate within
-//! each round; every round prints its tables with the machine's load, the last the medians over
-//! the rounds. See docs/benchmarks.md, "Side by side".
+//! compare-and-delete script; in memory, and with `appendfsync always`). One connection's
+//! latency is timed for Redis through the `redis` crate's blocking connection, everything else
+//! through each system's async client. Systems alternate within each round; every round prints
+//! its tables with the machine's load, the last the medians over the rounds. See
+//! docs/benchmarks.md, "Side by side".
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use keyhome::client::{Client, ClientLock};
+use keyhome_compare::redis_lock::{self, BlockingLock};
 use keyhome_compare::{
-    NODES, cluster_options, loadavg, machine_line, micros, percentile, redis_lock, wakeup_line,
+    Error, NODES, cluster_options, loadavg, machine_line, micros, percentile, wakeup_line,
 };
 use keyhome_sim::cluster::Cluster;
 
@@ -148,8 +151,6 @@ enum Held {
     Redis { key: String, value: String },
 }
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
 impl Conn {
     /// Connection number `i` (spread over the members).
     async fn open(system: &System, cluster: &Cluster, i: usize) -> Result<Conn, Error> {
@@ -242,9 +243,30 @@ impl Conn {
     }
 }
 
-/// p50 of `iters` lock+unlock cycles on one connection, on `key(i)`.
-async fn latency(conn: &mut Conn, iters: usize, key: impl Fn(usize) -> String) -> Result<f64, Error> {
+/// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`. Redis's through its
+/// blocking connection, on a thread of its own: its async connection adds a task wake-up per
+/// request that its own C client and the independent harness (keyhome-lean) do not pay.
+async fn latency(
+    system: &System,
+    cluster: &Cluster,
+    iters: usize,
+    key: impl Fn(usize) -> String + Send + 'static,
+) -> Result<f64, Error> {
     let mut samples = Vec::with_capacity(iters);
+    if let System::Redis { url, .. } = system {
+        let url = url.clone();
+        return tokio::task::spawn_blocking(move || {
+            let mut lock = BlockingLock::connect(&url)?;
+            for i in 0..iters {
+                let start = Instant::now();
+                lock.pair(&key(i), TTL)?;
+                samples.push(start.elapsed());
+            }
+            Ok(micros(percentile(&mut samples, 0.5)))
+        })
+        .await?;
+    }
+    let mut conn = Conn::open(system, cluster, 0).await?;
     for i in 0..iters {
         let start = Instant::now();
         let (held, _) = conn.lock(&key(i)).await?;
@@ -470,19 +492,13 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     // The systems, for the scenarios `--only` keeps.
     let systems_for = |scenario| if args.runs(scenario) { order.as_slice() } else { &[] };
     for system in systems_for(Scenario::Relock) {
-        let result = async {
-            let mut conn = Conn::open(system, cluster, 0).await?;
-            Ok((latency(&mut conn, args.iters, |_| format!("relock-{r}")).await?, String::new()))
-        };
-        push("re-lock, lock+unlock p50 (µs)", system, result.await);
+        let result = latency(system, cluster, args.iters, move |_| format!("relock-{r}")).await;
+        push("re-lock, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
-        let result = async {
-            let mut conn = Conn::open(system, cluster, 0).await?;
-            Ok((latency(&mut conn, args.iters, |i| format!("fresh-{name}-{r}-{i}")).await?, String::new()))
-        };
-        push("fresh key, lock+unlock p50 (µs)", system, result.await);
+        let result = latency(system, cluster, args.iters, move |i| format!("fresh-{name}-{r}-{i}")).await;
+        push("fresh key, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();

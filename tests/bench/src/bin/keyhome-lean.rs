@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use keyhome::wire::{self, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
-use keyhome_compare::{cluster_options, loadavg, machine_line, micros, percentile, redis_lock};
+use keyhome_compare::redis_lock::{self, BlockingLock};
+use keyhome_compare::{Error, cluster_options, loadavg, machine_line, micros, percentile};
 use keyhome_sim::cluster::Cluster;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -61,8 +62,6 @@ impl Scenario {
         }
     }
 }
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// A blocking connection to a node's local socket.
 struct Raw {
@@ -157,40 +156,26 @@ impl Cycle for Raw {
     }
 }
 
-/// A blocking Redis connection and its compare-and-delete script.
+/// A blocking Redis connection, and the lock its pipelined cycle holds between cycles.
 struct Lean {
-    conn: redis::Connection,
-    release: redis::Script,
-    next: u64,
-    /// The key and value the pipelined cycle holds between cycles.
+    lock: BlockingLock,
     held: Option<(String, String)>,
 }
 
 impl Cycle for Lean {
     fn pair(&mut self, key: &str) -> Result<(), Error> {
-        self.next += 1;
-        let value = self.next.to_string();
-        let set: Option<String> = redis_lock::lock_command(key, &value, TTL).query(&mut self.conn)?;
-        if set.is_none() {
-            return Err("Redis: the key was held".into());
-        }
-        let deleted: i64 = self.release.key(key).arg(value).invoke(&mut self.conn)?;
-        if deleted != 1 {
-            return Err("Redis: the lock was gone at unlock".into());
-        }
-        Ok(())
+        self.lock.pair(key, TTL)
     }
 
     /// The previous unlock (`EVALSHA`) and this `SET NX PX` in one pipeline.
     fn pipelined(&mut self, key: &str) -> Result<(), Error> {
-        self.next += 1;
-        let value = self.next.to_string();
+        let value = self.lock.value();
         let mut pipe = redis::pipe();
         if let Some((k, v)) = self.held.take() {
-            pipe.cmd("EVALSHA").arg(self.release.get_hash()).arg(1).arg(k).arg(v);
+            pipe.cmd("EVALSHA").arg(self.lock.release.get_hash()).arg(1).arg(k).arg(v);
         }
         pipe.add_command(redis_lock::lock_command(key, &value, TTL));
-        let replies: Vec<redis::Value> = pipe.query(&mut self.conn)?;
+        let replies: Vec<redis::Value> = pipe.query(&mut self.lock.conn)?;
         if !matches!(replies.last(), Some(redis::Value::Okay | redis::Value::SimpleString(_))) {
             return Err(format!("Redis: the key was held ({replies:?})").into());
         }
@@ -203,7 +188,7 @@ impl Cycle for Lean {
 
     fn settle(&mut self) -> Result<(), Error> {
         if let Some((k, v)) = self.held.take() {
-            let _: i64 = self.release.key(k).arg(v).invoke(&mut self.conn)?;
+            let _: i64 = self.lock.release.key(k).arg(v).invoke(&mut self.lock.conn)?;
         }
         Ok(())
     }
@@ -243,11 +228,9 @@ fn main() -> Result<(), Error> {
         .build()?
         .block_on(cluster.wait_ready(&cluster.ids(), 1));
     let mut raw = Raw::connect(&cluster.local_socket(1))?;
-    let client = redis::Client::open(args.redis.as_str())?;
-    let mut lean =
-        Lean { conn: client.get_connection()?, release: redis_lock::release_script(), next: 0, held: None };
+    let mut lean = Lean { lock: BlockingLock::connect(&args.redis)?, held: None };
     // Loaded now: the pipelined cycle calls it by hash only.
-    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(redis_lock::RELEASE).query(&mut lean.conn)?;
+    let _: String = redis::cmd("SCRIPT").arg("LOAD").arg(redis_lock::RELEASE).query(&mut lean.lock.conn)?;
     println!("# keyhome-lean: blocking clients, {} pairs per figure, {} rounds", args.iters, args.rounds);
     println!("{}", machine_line());
     println!("| round | scenario | keyhome (µs) | Redis (µs) | keyhome ÷ Redis | load before |");
