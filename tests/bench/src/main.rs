@@ -7,6 +7,7 @@
 //! its tables with the machine's load, the last the medians over the rounds. See
 //! docs/benchmarks.md, "Side by side".
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -79,8 +80,10 @@ impl Args {
 /// A system under test.
 #[derive(Clone, Debug)]
 enum System {
-    /// keyhome on its local sockets; `pipelined`: unlocks sent without waiting for the answer.
+    /// keyhome on its nodes' local sockets (one per node); `pipelined`: unlocks sent without
+    /// waiting for the answer.
     Keyhome {
+        sockets: Vec<PathBuf>,
         pipelined: bool,
     },
     Etcd(Vec<String>),
@@ -94,8 +97,8 @@ enum System {
 impl System {
     fn name(&self) -> &'static str {
         match self {
-            System::Keyhome { pipelined: false } => "keyhome",
-            System::Keyhome { pipelined: true } => "keyhome (pipelined unlock)",
+            System::Keyhome { pipelined: false, .. } => "keyhome",
+            System::Keyhome { pipelined: true, .. } => "keyhome (pipelined unlock)",
             System::Etcd(_) => "etcd v3lock",
             System::Zookeeper(_) => "ZooKeeper",
             System::Redis { aof: false, .. } => "Redis (memory)",
@@ -153,11 +156,11 @@ enum Held {
 
 impl Conn {
     /// Connection number `i` (spread over the members).
-    async fn open(system: &System, cluster: &Cluster, i: usize) -> Result<Conn, Error> {
+    async fn open(system: &System, i: usize) -> Result<Conn, Error> {
         Ok(match system {
-            System::Keyhome { pipelined } => {
-                let socket = cluster.local_socket((i % NODES) as u64 + 1);
-                Conn::Keyhome { client: Client::connect_local(&socket).await?, pipelined: *pipelined }
+            System::Keyhome { sockets, pipelined } => {
+                let client = Client::connect_local(&sockets[i % sockets.len()]).await?;
+                Conn::Keyhome { client, pipelined: *pipelined }
             }
             System::Etcd(endpoints) => {
                 let mut client =
@@ -243,12 +246,13 @@ impl Conn {
     }
 }
 
-/// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`. Redis's through its
-/// blocking connection, on a thread of its own: its async connection adds a task wake-up per
-/// request that its own C client and the independent harness (keyhome-lean) do not pay.
+/// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`: every client as an
+/// application would run it (on this process's multi-thread runtime), but Redis's through its
+/// blocking connection, on a thread of its own, since its async connection runs a task of its
+/// own that every request wakes (about 75 µs a pair on a 2-vCPU VM, docs/benchmarks.md): any
+/// advantage of the client's set-up goes to Redis.
 async fn latency(
     system: &System,
-    cluster: &Cluster,
     iters: usize,
     key: impl Fn(usize) -> String + Send + 'static,
 ) -> Result<f64, Error> {
@@ -266,7 +270,7 @@ async fn latency(
         })
         .await?;
     }
-    let mut conn = Conn::open(system, cluster, 0).await?;
+    let mut conn = Conn::open(system, 0).await?;
     for i in 0..iters {
         let start = Instant::now();
         let (held, _) = conn.lock(&key(i)).await?;
@@ -328,12 +332,12 @@ impl NodeTally {
 }
 
 /// [`NODES`] contenders, one per member, on one key for `seconds`.
-async fn hot_key(system: &System, cluster: &Cluster, key: &str, seconds: f64) -> Result<Hot, Error> {
+async fn hot_key(system: &System, key: &str, seconds: f64) -> Result<Hot, Error> {
     let state = Arc::new(Mutex::new(Hot::default()));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     let mut tasks = tokio::task::JoinSet::new();
     for me in 0..NODES {
-        let mut conn = Conn::open(system, cluster, me).await?;
+        let mut conn = Conn::open(system, me).await?;
         let (state, key) = (Arc::clone(&state), key.to_owned());
         tasks.spawn(async move {
             while Instant::now() < deadline {
@@ -368,16 +372,10 @@ async fn hot_key(system: &System, cluster: &Cluster, key: &str, seconds: f64) ->
 }
 
 /// `clients` connections, each cycling on its own key for `seconds`; ops/s in all.
-async fn parallel(
-    system: &System,
-    cluster: &Cluster,
-    clients: usize,
-    prefix: &str,
-    seconds: f64,
-) -> Result<f64, Error> {
+async fn parallel(system: &System, clients: usize, prefix: &str, seconds: f64) -> Result<f64, Error> {
     let mut conns = Vec::new();
     for i in 0..clients {
-        conns.push(Conn::open(system, cluster, i).await?);
+        conns.push(Conn::open(system, i).await?);
     }
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
@@ -492,19 +490,19 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     // The systems, for the scenarios `--only` keeps.
     let systems_for = |scenario| if args.runs(scenario) { order.as_slice() } else { &[] };
     for system in systems_for(Scenario::Relock) {
-        let result = latency(system, cluster, args.iters, move |_| format!("relock-{r}")).await;
+        let result = latency(system, args.iters, move |_| format!("relock-{r}")).await;
         push("re-lock, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
-        let result = latency(system, cluster, args.iters, move |i| format!("fresh-{name}-{r}-{i}")).await;
+        let result = latency(system, args.iters, move |i| format!("fresh-{name}-{r}-{i}")).await;
         push("fresh key, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
         let keyhome = matches!(system, System::Keyhome { .. });
         let before = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
-        let result = hot_key(system, cluster, &format!("hot-{r}"), args.seconds).await;
+        let result = hot_key(system, &format!("hot-{r}"), args.seconds).await;
         let after = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
         let tally = move |handoffs| match (before, after) {
             (Some(Ok(before)), Some(Ok(after))) => format!(", {}", after.since(&before, handoffs)),
@@ -537,7 +535,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     {
         for system in systems_for(Scenario::Parallel) {
             let prefix = format!("par{clients}-{}-{r}", system.name().len());
-            let result = parallel(system, cluster, clients, &prefix, args.seconds).await;
+            let result = parallel(system, clients, &prefix, args.seconds).await;
             push(scenario, system, result.map(|v| (v, String::new())));
         }
     }
@@ -545,7 +543,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     let profile = profile.to_string_lossy().into_owned();
     for system in systems_for(Scenario::Cli) {
         let result = match system {
-            System::Keyhome { pipelined: false } => cli_p50(
+            System::Keyhome { pipelined: false, .. } => cli_p50(
                 || cluster.cli_command(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
                 args.cli_runs,
             ),
@@ -577,14 +575,18 @@ fn split(list: &Option<String>) -> Option<Vec<String>> {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let args = Args::parse();
-    let mut systems = vec![System::Keyhome { pipelined: false }, System::Keyhome { pipelined: true }];
+    let cluster = Cluster::start(cluster_options());
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    let sockets: Vec<PathBuf> = cluster.ids().into_iter().map(|id| cluster.local_socket(id)).collect();
+    let mut systems: Vec<System> = [false, true]
+        .into_iter()
+        .map(|pipelined| System::Keyhome { sockets: sockets.clone(), pipelined })
+        .collect();
     systems.extend(split(&args.etcd).map(System::Etcd));
     systems.extend(split(&args.zookeeper).map(System::Zookeeper));
     systems.extend(args.redis.clone().map(|url| System::Redis { url, aof: false }));
     systems.extend(args.redis_aof.clone().map(|url| System::Redis { url, aof: true }));
 
-    let cluster = Cluster::start(cluster_options());
-    cluster.wait_ready(&cluster.ids(), 1).await;
     println!("# keyhome side by side: {} rounds; {}", args.rounds, std::env::consts::ARCH);
     println!("systems: {}", systems.iter().map(System::name).collect::<Vec<_>>().join(", "));
     println!("{}", machine_line());

@@ -34,7 +34,11 @@ pub struct BlockingLock {
 
 impl BlockingLock {
     pub fn connect(url: &str) -> redis::RedisResult<BlockingLock> {
-        Ok(BlockingLock { conn: redis::Client::open(url)?.get_connection()?, release: release_script(), last: 0 })
+        Ok(BlockingLock {
+            conn: redis::Client::open(url)?.get_connection()?,
+            release: release_script(),
+            last: 0,
+        })
     }
 
     /// A holder value no earlier lock of this connection used.
