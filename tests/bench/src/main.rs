@@ -248,9 +248,8 @@ impl Conn {
 
 /// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`: every client as an
 /// application would run it (on this process's multi-thread runtime), but Redis's through its
-/// blocking connection, on a thread of its own, since its async connection runs a task of its
-/// own that every request wakes (about 75 µs a pair on a 2-vCPU VM, docs/benchmarks.md): any
-/// advantage of the client's set-up goes to Redis.
+/// blocking connection ([`BlockingLock`]), on a thread of its own: any advantage of the client's
+/// set-up goes to Redis.
 async fn latency(
     system: &System,
     iters: usize,
@@ -303,10 +302,16 @@ struct NodeTally {
 }
 
 impl NodeTally {
-    async fn now(cluster: &Cluster) -> Result<NodeTally, Error> {
+    /// The counters of `system`'s nodes now, if it is keyhome.
+    async fn of(system: &System) -> Option<Result<NodeTally, Error>> {
+        let System::Keyhome { sockets, .. } = system else { return None };
+        Some(NodeTally::now(sockets).await)
+    }
+
+    async fn now(sockets: &[PathBuf]) -> Result<NodeTally, Error> {
         let mut tally = NodeTally { delegation_sent: 0, locks: 0, locks_immediate: 0 };
-        for node in 1..=NODES as u64 {
-            let status = Client::connect_local(&cluster.local_socket(node)).await?.status().await?;
+        for socket in sockets {
+            let status = Client::connect_local(socket).await?.status().await?;
             tally.delegation_sent += status.counters.delegation_sent;
             tally.locks += status.counters.locks;
             tally.locks_immediate += status.counters.locks_immediate;
@@ -487,23 +492,25 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     let order: Vec<&System> =
         systems.iter().cycle().skip(round % systems.len()).take(systems.len()).collect();
     let r = round;
+    let run = std::process::id();
     // The systems, for the scenarios `--only` keeps.
     let systems_for = |scenario| if args.runs(scenario) { order.as_slice() } else { &[] };
     for system in systems_for(Scenario::Relock) {
-        let result = latency(system, args.iters, move |_| format!("relock-{r}")).await;
+        // Keys of this run alone (its process id): a key an earlier, interrupted run left locked
+        // would fail Redis's blocking lock, which does not wait.
+        let result = latency(system, args.iters, move |_| format!("relock-{run}-{r}")).await;
         push("re-lock, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
-        let result = latency(system, args.iters, move |i| format!("fresh-{name}-{r}-{i}")).await;
+        let result = latency(system, args.iters, move |i| format!("fresh-{name}-{run}-{r}-{i}")).await;
         push("fresh key, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
-        let keyhome = matches!(system, System::Keyhome { .. });
-        let before = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
+        let before = NodeTally::of(system).await;
         let result = hot_key(system, &format!("hot-{r}"), args.seconds).await;
-        let after = if keyhome { Some(NodeTally::now(cluster).await) } else { None };
+        let after = NodeTally::of(system).await;
         let tally = move |handoffs| match (before, after) {
             (Some(Ok(before)), Some(Ok(after))) => format!(", {}", after.since(&before, handoffs)),
             (Some(Err(e)), _) | (_, Some(Err(e))) => format!(", no message count (the nodes' status: {e})"),
