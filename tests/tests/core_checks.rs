@@ -1,13 +1,14 @@
-//! The node core takes a token check's answer only for the key it asked about.
+//! The node core takes a token check's answer only for the key it asked about, and a handle
+//! serial that names no shard for one nobody holds.
 
 use std::time::Duration;
 
-use keyhome::core::{Core, Output, PeerMessage};
+use keyhome::core::{ClaimError, ClientOwner, Core, Output, PeerMessage};
 use keyhome_delegation::{Body, CheckAnswer, FencingToken, HolderConfig, HomeConfig, Message};
 use keyhome_epoch::{Config, Durable, EpochNode, EpochRecord, Instant, Member, NodeId, Timing};
 
-/// A core of two key shards (the check and its answer must meet in the key's shard).
-fn core() -> Core {
+/// A core of `shards` key shards.
+fn core(shards: usize) -> Core {
     let members =
         (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
     let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
@@ -16,7 +17,7 @@ fn core() -> Core {
         epoch,
         HomeConfig::new(NodeId(1)),
         HolderConfig::new(NodeId(1)),
-        2,
+        shards,
         Instant::ZERO,
         &mut Vec::new(),
     )
@@ -33,7 +34,8 @@ fn done(out: &mut Vec<Output>) -> Vec<Output> {
 
 #[test]
 fn a_check_answer_counts_only_for_the_key_asked_about() {
-    let c = core();
+    // Two shards: the check and its answer must meet in the key's shard.
+    let c = core(2);
     let mut out = Vec::new();
     let now = Instant::from_nanos(1_000_000);
     let token: FencingToken = "1.1.1.0".parse().expect("a token");
@@ -53,4 +55,14 @@ fn a_check_answer_counts_only_for_the_key_asked_about() {
     assert_eq!(done(&mut out), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);
     c.handle_message(now, home, reply(&key, id), &mut out);
     assert_eq!(done(&mut out), vec![], "answered once");
+}
+
+#[test]
+fn a_serial_that_names_no_shard_is_not_held() {
+    // Three shards give out serials 4 apart: serials of the form 4n + 3 name no shard.
+    let c = core(3);
+    let owner = ClientOwner { conn: 1, identity: 1 };
+    for serial in [0, 3, 7, 8, u64::MAX] {
+        assert_eq!(c.claim(serial, owner), Err(ClaimError::NotHeld(serial)));
+    }
 }

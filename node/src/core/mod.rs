@@ -323,7 +323,7 @@ impl Core {
             id,
             membership: Mutex::new(Membership::new(epoch, now)),
             shards,
-            serial_mask: Place::new(0, count).stride - 1,
+            serial_mask: Place::stride(count) - 1,
             key_hasher: holder.key_hasher.clone(),
             dropped: AtomicU64::new(0),
             activity,
@@ -878,25 +878,6 @@ mod tests {
             firsts.sort_unstable();
             firsts.dedup();
             assert_eq!(firsts.len() as u64, count);
-        }
-    }
-
-    #[test]
-    fn a_serial_that_names_no_shard_is_not_held() {
-        let members = (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) });
-        let genesis =
-            EpochRecord::genesis(members.collect(), keyhome_epoch::Timing::DEFAULT).expect("genesis");
-        let epoch = EpochNode::start(
-            keyhome_epoch::Config::new(NodeId(1), 1),
-            keyhome_epoch::Durable::genesis(genesis),
-            Instant::ZERO,
-        );
-        let (home, holder) = (HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)));
-        // Three shards give out serials 4 apart: serials of the form 4n + 3 name no shard.
-        let core = Core::new(epoch, home, holder, 3, Instant::ZERO, &mut Vec::new());
-        let owner = ClientOwner { conn: 1, identity: 1 };
-        for serial in [0, 3, 7, 8, u64::MAX] {
-            assert_eq!(core.claim(serial, owner), Err(ClaimError::NotHeld(serial)));
         }
     }
 }

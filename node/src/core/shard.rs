@@ -49,8 +49,12 @@ pub(super) struct Place {
 impl Place {
     /// The place of shard `index` of `count`.
     pub fn new(index: usize, count: usize) -> Place {
-        let count = count as u64;
-        Place { index: index as u64, count, stride: count.next_power_of_two() }
+        Place { index: index as u64, count: count as u64, stride: Place::stride(count) }
+    }
+
+    /// The distance between two ids of one shard among `count`: the power of two at or above it.
+    pub fn stride(count: usize) -> u64 {
+        (count as u64).next_power_of_two()
     }
 
     /// The first id this shard gives out: `index`, or `stride` for shard 0 (0 is never an id).
