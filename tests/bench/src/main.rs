@@ -58,6 +58,10 @@ struct Args {
     /// Run only these scenarios (comma-separated; default all).
     #[arg(long, value_enum, value_delimiter = ',')]
     only: Vec<Scenario>,
+    /// Time the async clients' one-connection latency on `main`'s own thread, as runs A to I
+    /// did, instead of in a task on the runtime's workers (to measure what that placement costs).
+    #[arg(long)]
+    latency_on_main: bool,
 }
 
 /// The scenarios, as `--only` names them.
@@ -247,12 +251,15 @@ impl Conn {
 }
 
 /// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`: every client as an
-/// application would run it (on this process's multi-thread runtime), but Redis's through its
-/// blocking connection ([`BlockingLock`]), on a thread of its own: any advantage of the client's
-/// set-up goes to Redis.
+/// application would run it, in a task on this process's multi-thread runtime, but Redis's through
+/// its blocking connection ([`BlockingLock`]), on a thread of its own: any advantage of the
+/// client's set-up goes to Redis. Not on `main`'s own thread unless `on_main`: a future there is
+/// not run by the runtime's workers, so every answer costs it a wake-up of another thread, a cost
+/// of where the caller sits, not of the system.
 async fn latency(
     system: &System,
     iters: usize,
+    on_main: bool,
     key: impl Fn(usize) -> String + Send + 'static,
 ) -> Result<f64, Error> {
     let mut samples = Vec::with_capacity(iters);
@@ -269,14 +276,18 @@ async fn latency(
         })
         .await?;
     }
-    let mut conn = Conn::open(system, 0).await?;
-    for i in 0..iters {
-        let start = Instant::now();
-        let (held, _) = conn.lock(&key(i)).await?;
-        conn.unlock(held).await?;
-        samples.push(start.elapsed());
-    }
-    Ok(micros(percentile(&mut samples, 0.5)))
+    let system = system.clone();
+    let cycles = async move {
+        let mut conn = Conn::open(&system, 0).await?;
+        for i in 0..iters {
+            let start = Instant::now();
+            let (held, _) = conn.lock(&key(i)).await?;
+            conn.unlock(held).await?;
+            samples.push(start.elapsed());
+        }
+        Ok(micros(percentile(&mut samples, 0.5)))
+    };
+    if on_main { cycles.await } else { tokio::spawn(cycles).await? }
 }
 
 /// What the hot-key contenders saw.
@@ -498,12 +509,15 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     for system in systems_for(Scenario::Relock) {
         // Keys of this run alone (its process id): a key an earlier, interrupted run left locked
         // would fail Redis's blocking lock, which does not wait.
-        let result = latency(system, args.iters, move |_| format!("relock-{run}-{r}")).await;
+        let result =
+            latency(system, args.iters, args.latency_on_main, move |_| format!("relock-{run}-{r}")).await;
         push("re-lock, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
-        let result = latency(system, args.iters, move |i| format!("fresh-{name}-{run}-{r}-{i}")).await;
+        let result =
+            latency(system, args.iters, args.latency_on_main, move |i| format!("fresh-{name}-{run}-{r}-{i}"))
+                .await;
         push("fresh key, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Hot) {
