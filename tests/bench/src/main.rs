@@ -62,6 +62,25 @@ struct Args {
     /// did, instead of in a task on the runtime's workers (to measure what that placement costs).
     #[arg(long)]
     latency_on_main: bool,
+    /// Time Redis's one-connection latency through the `redis` crate's async multiplexed
+    /// connection (as runs A to H did), not its blocking one, to compare the two clients.
+    #[arg(long)]
+    redis_async: bool,
+}
+
+impl Args {
+    fn latency_setup(&self) -> LatencySetup {
+        LatencySetup { on_main: self.latency_on_main, redis_async: self.redis_async }
+    }
+}
+
+/// Where [`latency`] runs each system's client, and which Redis client it uses.
+#[derive(Clone, Copy)]
+struct LatencySetup {
+    /// The async clients on `main`'s own thread, not in a task.
+    on_main: bool,
+    /// Redis through its async client, like the others.
+    redis_async: bool,
 }
 
 /// The scenarios, as `--only` names them.
@@ -252,18 +271,20 @@ impl Conn {
 
 /// p50 (µs) of `iters` lock+unlock cycles on one connection, on `key(i)`: every client as an
 /// application would run it, in a task on this process's multi-thread runtime, but Redis's through
-/// its blocking connection ([`BlockingLock`]), on a thread of its own: any advantage of the
-/// client's set-up goes to Redis. Not on `main`'s own thread unless `on_main`: a future there is
-/// not run by the runtime's workers, so every answer costs it a wake-up of another thread, a cost
-/// of where the caller sits, not of the system.
+/// its blocking connection ([`BlockingLock`]), on a thread of its own, unless `setup` says
+/// otherwise: any advantage of the client's set-up goes to Redis. Not on `main`'s own thread
+/// unless `setup.on_main`: a future there is not run by the runtime's workers, so every answer
+/// costs it a wake-up of another thread, a cost of where the caller sits, not of the system.
 async fn latency(
     system: &System,
     iters: usize,
-    on_main: bool,
+    setup: LatencySetup,
     key: impl Fn(usize) -> String + Send + 'static,
 ) -> Result<f64, Error> {
     let mut samples = Vec::with_capacity(iters);
-    if let System::Redis { url, .. } = system {
+    if let System::Redis { url, .. } = system
+        && !setup.redis_async
+    {
         let url = url.clone();
         return tokio::task::spawn_blocking(move || {
             let mut lock = BlockingLock::connect(&url)?;
@@ -287,7 +308,7 @@ async fn latency(
         }
         Ok(micros(percentile(&mut samples, 0.5)))
     };
-    if on_main { cycles.await } else { tokio::spawn(cycles).await? }
+    if setup.on_main { cycles.await } else { tokio::spawn(cycles).await? }
 }
 
 /// What the hot-key contenders saw.
@@ -510,13 +531,13 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
         // Keys of this run alone (its process id): a key an earlier, interrupted run left locked
         // would fail Redis's blocking lock, which does not wait.
         let result =
-            latency(system, args.iters, args.latency_on_main, move |_| format!("relock-{run}-{r}")).await;
+            latency(system, args.iters, args.latency_setup(), move |_| format!("relock-{run}-{r}")).await;
         push("re-lock, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
     for system in systems_for(Scenario::Fresh) {
         let name = system.name().replace(' ', "_").replace(['(', ')'], "");
         let result =
-            latency(system, args.iters, args.latency_on_main, move |i| format!("fresh-{name}-{run}-{r}-{i}"))
+            latency(system, args.iters, args.latency_setup(), move |i| format!("fresh-{name}-{run}-{r}-{i}"))
                 .await;
         push("fresh key, lock+unlock p50 (µs)", system, result.map(|v| (v, String::new())));
     }
