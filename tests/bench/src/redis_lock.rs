@@ -23,8 +23,8 @@ pub fn release_script() -> redis::Script {
 
 /// A lock holder on a blocking connection: nothing runs between a request and its answer but
 /// the kernel, as in `redis-benchmark`. (The crate's async multiplexed connection runs a task of
-/// its own that every request goes through; with it a pair measured about 75 µs more than
-/// `redis-benchmark`'s on 2026-12-03's VM: measured, not profiled; see docs/benchmarks.md.)
+/// its own that every request goes through: in a task on one vCPU it cost 2–5 µs a pair more in
+/// run J; see docs/benchmarks.md.)
 ///
 /// Its holder values are unique on this connection only: one holder per key, as the latency
 /// scenarios use it, not contenders on one key.
