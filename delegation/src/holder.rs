@@ -542,8 +542,7 @@ impl Holder {
         key: HashedKey<'_>,
         ttl: Duration,
     ) -> Result<Handle, LockError> {
-        debug_assert_eq!(key.hash(), self.config.key_hasher.hash(key.key()), "hashed by another hasher");
-        let (key, hash) = (key.key(), key.hash());
+        let (key, hash) = self.unpack(key);
         self.check(key, ttl)?;
         if let Some(handle) = self.admit_now(now, key, hash, ttl) {
             return Ok(handle);
@@ -572,8 +571,20 @@ impl Holder {
         wait: Duration,
         auth: &A,
     ) -> Result<LockOutcome, LockError> {
+        self.lock_hashed(now, self.config.key_hasher.hashed(key), ttl, wait, auth)
+    }
+
+    /// [`Holder::lock`] of a key the caller hashed already, as for [`Holder::try_lock_hashed`].
+    pub fn lock_hashed<A: Authority + ?Sized>(
+        &mut self,
+        now: Instant,
+        key: HashedKey<'_>,
+        ttl: Duration,
+        wait: Duration,
+        auth: &A,
+    ) -> Result<LockOutcome, LockError> {
+        let (key, hash) = self.unpack(key);
         self.check(key, ttl)?;
-        let hash = self.config.key_hasher.hash(key);
         if let Some(handle) = self.admit_now(now, key, hash, ttl) {
             return Ok(LockOutcome::Locked(handle));
         }
@@ -880,6 +891,14 @@ impl Holder {
             e.want_until = Some(e.want_until.map_or(until, |u| u.max(until)));
         }
         self.tidy(slot);
+    }
+
+    /// The key and hash of `key`, which must come from this holder's [`HolderConfig::key_hasher`]
+    /// (with another hasher's hash the key would not be found).
+    #[inline]
+    fn unpack<'a>(&self, key: HashedKey<'a>) -> (&'a [u8], u64) {
+        debug_assert_eq!(key.hash(), self.config.key_hasher.hash(key.key()), "hashed by another hasher");
+        (key.key(), key.hash())
     }
 
     /// The slot of `key`, if the holder tracks it.

@@ -4,8 +4,9 @@
 //! A node with several key shards hashes a key to pick its shard, then its shard's holder looks
 //! the key up: with one hasher for both ([`HolderConfig::key_hasher`](crate::HolderConfig), the
 //! same in every shard) the node hands the holder the [`HashedKey`] it already has
-//! ([`Holder::try_lock_hashed`](crate::Holder::try_lock_hashed)), and the embedded re-lock hashes
-//! its key once instead of twice, before it takes any lock.
+//! ([`Holder::try_lock_hashed`](crate::Holder::try_lock_hashed),
+//! [`Holder::lock_hashed`](crate::Holder::lock_hashed)), and a lock call hashes its key once
+//! instead of twice, before it takes any lock.
 //!
 //! Keys come from applications and, through grants and recalls, from the network, so the hasher
 //! is keyed with secrets: random ones from the operating system in a node ([`KeyHasher::random`]),

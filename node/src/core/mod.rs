@@ -26,7 +26,7 @@
 //! membership publishes whenever the epoch or the home lease changes, and is handed it, under the
 //! membership's lock, before anything else happens in the call that changed it. Every delegation
 //! message is about one key and goes to that key's shard, picked from the key's hash by the
-//! holders' [`KeyHasher`] (an embedded re-lock hands the shard's holder that hash: one hash per
+//! holders' [`KeyHasher`] (a lock call hands the shard's holder that hash: one hash per
 //! call); handle serials, lock tickets and check ids name their shard in their low bits (see
 //! `Place` in `shard.rs`). Locks are only ever taken membership first, then one
 //! shard at a time: a call about a key takes its shard's lock alone, and nothing a shard does
@@ -62,8 +62,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use keyhome_delegation::{
-    CheckAnswer, FencingToken, Handle, HandleId, Holder, HolderConfig, Home, HomeConfig, HomeCounters,
-    KeyHasher, LockError, LockOutcome, Message as DMessage, Refusal, Serials, Ticket,
+    CheckAnswer, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, Home, HomeConfig,
+    HomeCounters, KeyHasher, LockError, LockOutcome, Message as DMessage, Refusal, Serials, Ticket,
 };
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{
@@ -278,7 +278,7 @@ pub struct Core {
     /// clamped to the last shard for a serial no shard gave out.
     serial_mask: u64,
     /// Hashes keys, to pick a key's shard and to look it up in the shard's holder (every shard's
-    /// holder hashes with it): an embedded `try_lock` hashes its key once.
+    /// holder hashes with it): a `lock` or `try_lock` hashes its key once.
     key_hasher: KeyHasher,
     /// Frames for peers that could not be queued (see [`Core::count_dropped`]).
     dropped: AtomicU64,
@@ -413,7 +413,9 @@ impl Core {
         owner: Owner,
         out: &mut impl Sink,
     ) -> Result<LockOutcome, LockError> {
-        let mut shard = lock(self.shard_of(key));
+        // Hashed once: for the shard, and for the shard's holder.
+        let key = self.key_hasher.hashed(key);
+        let mut shard = lock(self.shard_of_hashed(key));
         let outcome = shard.lock(now, key, ttl, wait, owner);
         if let Ok(LockOutcome::Pending(ticket)) = &outcome {
             out.lock_pending(*ticket);
@@ -435,9 +437,7 @@ impl Core {
     ) -> Result<Handle, LockError> {
         // Hashed once: for the shard, and for the shard's holder.
         let key = self.key_hasher.hashed(key);
-        self.with_shard(self.shard_at(self.shard_of_hash(key.hash())), out, |s| {
-            s.try_lock(now, key, ttl, owner)
-        })
+        self.with_shard(self.shard_of_hashed(key), out, |s| s.try_lock(now, key, ttl, owner))
     }
 
     /// Gives up a pending lock; `false` if it was already decided (its [`Output::LockDone`] went
@@ -771,6 +771,12 @@ impl Core {
     #[inline]
     fn shard_of(&self, key: &[u8]) -> &Mutex<Shard> {
         self.shard_at(self.shard_index(key))
+    }
+
+    /// The shard of a key already hashed by the holders' key hasher.
+    #[inline]
+    fn shard_of_hashed(&self, key: HashedKey<'_>) -> &Mutex<Shard> {
+        self.shard_at(self.shard_of_hash(key.hash()))
     }
 
     /// The shard that gave out a serial (a handle's, a ticket's) or a check id.

@@ -199,10 +199,11 @@ impl Shard {
 
     // ---- lock calls ----
 
+    /// [`Holder::lock_hashed`]: `hashed` is hashed by the holder's key hasher.
     pub fn lock(
         &mut self,
         now: Instant,
-        key: &[u8],
+        hashed: HashedKey<'_>,
         ttl: Duration,
         wait: Duration,
         owner: Owner,
@@ -212,7 +213,8 @@ impl Shard {
         {
             return Err(LockError::QueueFull);
         }
-        let outcome = self.holder.lock(now, key, ttl, wait, &*self.view);
+        let outcome = self.holder.lock_hashed(now, hashed, ttl, wait, &*self.view);
+        let key = hashed.key();
         match &outcome {
             Ok(LockOutcome::Locked(handle)) => self.admitted(now, key, handle, owner, true),
             Ok(LockOutcome::Pending(ticket)) => {
