@@ -171,6 +171,28 @@ async fn sigint_to_the_wrapper_is_passed_on_and_cmd_is_killed_inside_the_lock() 
     signal_to_the_wrapper(rustix::process::Signal::INT, "INT").await;
 }
 
+/// SIGKILL to the first wrapper, which can then do nothing itself: nothing of CMD's group runs
+/// on. CMD dies with the wrapper (`PR_SET_PDEATHSIG`) and the wrapper's guard process kills the
+/// rest of the group (the child CMD started, which ignores SIGTERM and SIGINT). The lock stays
+/// held until the deadline the wrapper was told, and the second CMD finds nothing of the first
+/// alive and is told `recovered`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_to_the_wrapper_kills_cmd_and_all_of_its_group() {
+    use std::os::unix::process::ExitStatusExt;
+    let cluster = started().await;
+    let marks = Marks::new(&cluster, "marks");
+    let mut first = Wrapper::start(&cluster, 1, "cmd/sigkill", &[], &marks.first());
+    let pids = marks.first_running().await;
+    let mut second = Wrapper::start(&cluster, 3, "cmd/sigkill", &[], &marks.second());
+    first.signal(rustix::process::Signal::KILL);
+    let status = first.exit().await;
+    assert_eq!(status.signal(), Some(9), "the first wrapper was killed: {status}");
+    let second_status = second.exit().await;
+    assert_no_overlap(&marks, true);
+    assert_eq!(code(second_status), Some(0), "{second_status}");
+    assert!(!alive(&pids), "the first CMD or its child outlived its wrapper");
+}
+
 /// The first wrapper's node fails under it (`fail` is given the cluster): the wrapper stops CMD
 /// before the lock can pass on, exits 123, and the second CMD finds nothing of it alive.
 async fn node_failure_under_cmd(fail: impl FnOnce(&mut Cluster), restore: impl FnOnce(&mut Cluster)) {

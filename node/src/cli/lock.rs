@@ -14,8 +14,8 @@
 //!   node says the handle is lost, or the connection to it ended) SIGTERM goes at once, SIGKILL
 //!   `kill_after` later or at `D − margin`, whichever is first.
 //!
-//! Only a pause of the wrapper itself (SIGSTOP, a frozen machine) can make CMD outlive `D`: the
-//! fencing token is what protects a resource then.
+//! Only a pause of the wrapper itself (SIGSTOP, a frozen machine) can make CMD outlive `D` (or
+//! killing its guard along with it): the fencing token is what protects a resource then.
 //!
 //! # CMD's process group
 //!
@@ -23,7 +23,8 @@
 //! a child subreaper, so it reaps CMD's orphaned children too, and it holds (and renews) the lock
 //! until the group is empty: when CMD exits and leaves children behind, they get SIGTERM, then
 //! SIGKILL after `kill_after`. A process that leaves the group (`setsid`, `setpgid`) is not
-//! followed. CMD dies with the wrapper (`PR_SET_PDEATHSIG`) if the wrapper is killed outright.
+//! followed. If the wrapper is killed outright, CMD dies with it (`PR_SET_PDEATHSIG`) and the
+//! wrapper's guard process ([`GroupGuard`]) kills the rest of CMD's group.
 //!
 //! # Signals to the wrapper
 //!
@@ -45,6 +46,8 @@ use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+
+use super::process::GroupGuard;
 
 /// CMD was stopped because the lock was ending (not renewed in time, or lost).
 pub const EXIT_LOST: u8 = 123;
@@ -219,9 +222,12 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(path) = &args.note_file {
         command.env("KEYHOME_NOTE_FILE", path);
     }
-    let leader = match spawn_in_group(command) {
+    let guard =
+        GroupGuard::start().map_err(|e| format!("cannot start the guard of CMD's process group: {e}"))?;
+    let leader = match spawn_in_group(command, &guard) {
         Ok(pid) => pid,
         Err(e) => {
+            guard.disarm();
             let code = match e.kind() {
                 std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                 _ => EXIT_CANNOT_RUN,
@@ -233,6 +239,8 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     let mut group = Group { leader, status: None };
     let outcome = supervise(&mut group, held, plan, clock, signals, lost).await;
+    // CMD's group is empty.
+    guard.disarm();
     let status = group.status.map_or(ExitCode::FAILURE, exit_code);
     match outcome {
         Outcome { held, cut_short: Some(why) } => {
@@ -329,11 +337,13 @@ impl Signals {
     }
 }
 
-/// Starts `command` as the leader of a new process group, to die with this process.
-fn spawn_in_group(mut command: std::process::Command) -> std::io::Result<Pid> {
+/// Starts `command` as the leader of a new process group, to die with this process, the whole
+/// group guarded by `guard`.
+fn spawn_in_group(mut command: std::process::Command, guard: &GroupGuard) -> std::io::Result<Pid> {
     use std::os::unix::process::CommandExt;
     command.process_group(0);
     super::process::die_with_this_process(&mut command);
+    guard.arm(&mut command);
     let child = command.spawn()?;
     // Reaped by `Group::reap`, not by `Child::wait`.
     Pid::from_raw(child.id() as i32).ok_or_else(|| std::io::Error::other("no process id"))
