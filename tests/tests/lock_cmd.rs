@@ -171,18 +171,59 @@ async fn sigint_to_the_wrapper_is_passed_on_and_cmd_is_killed_inside_the_lock() 
     signal_to_the_wrapper(rustix::process::Signal::INT, "INT").await;
 }
 
+/// The live processes whose parent is `parent` and whose name is `name`.
+fn children_named(parent: u32, name: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // pid (comm) state ppid …
+            let Some((head, rest)) = stat.rsplit_once(')') else { return false };
+            let comm = head.split_once('(').map_or("", |(_, comm)| comm);
+            let mut fields = rest.split_whitespace();
+            let (state, ppid) = (fields.next(), fields.next().and_then(|p| p.parse::<u32>().ok()));
+            comm == name && state != Some("Z") && ppid == Some(parent)
+        })
+        .collect()
+}
+
+/// The `keyhome-guard` of the wrapper `wrapper` (once one runs other than `not`), checked to
+/// show as `keyhome-guard` in its command line too.
+async fn guard_of(wrapper: &Wrapper, not: Option<i32>) -> i32 {
+    let guard = harness::eventually(PATIENCE, "the wrapper's guard runs", || {
+        std::future::ready(
+            children_named(wrapper.0.id(), "keyhome-guard").into_iter().find(|&p| Some(p) != not),
+        )
+    })
+    .await;
+    let line = std::fs::read(format!("/proc/{guard}/cmdline")).unwrap_or_default();
+    assert_eq!(line.split(|&b| b == 0).next(), Some(&b"keyhome-guard"[..]), "the guard's command line");
+    assert!(!line.windows(4).any(|w| w == b"lock"), "`pkill -f 'keyhome lock'` must not match the guard");
+    guard
+}
+
 /// SIGKILL to the first wrapper, which can then do nothing itself: nothing of CMD's group runs
 /// on. CMD dies with the wrapper (`PR_SET_PDEATHSIG`) and the wrapper's guard process kills the
 /// rest of the group (the child CMD started, which ignores SIGTERM and SIGINT). The lock stays
 /// held until the deadline the wrapper was told, and the second CMD finds nothing of the first
-/// alive and is told `recovered`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigkill_to_the_wrapper_kills_cmd_and_all_of_its_group() {
+/// alive and is told `recovered`. With `guard_killed_first`, the guard is killed before the
+/// wrapper, which starts another.
+async fn sigkill_to_the_wrapper(guard_killed_first: bool) {
     use std::os::unix::process::ExitStatusExt;
+    let kill = |pid: i32| {
+        let pid = rustix::process::Pid::from_raw(pid).expect("a pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill");
+    };
     let cluster = started().await;
     let marks = Marks::new(&cluster, "marks");
     let mut first = Wrapper::start(&cluster, 1, "cmd/sigkill", &[], &marks.first());
     let pids = marks.first_running().await;
+    let mut guard = guard_of(&first, None).await;
+    if guard_killed_first {
+        kill(guard);
+        guard = guard_of(&first, Some(guard)).await;
+    }
     let mut second = Wrapper::start(&cluster, 3, "cmd/sigkill", &[], &marks.second());
     first.signal(rustix::process::Signal::KILL);
     let status = first.exit().await;
@@ -191,6 +232,17 @@ async fn sigkill_to_the_wrapper_kills_cmd_and_all_of_its_group() {
     assert_no_overlap(&marks, true);
     assert_eq!(code(second_status), Some(0), "{second_status}");
     assert!(!alive(&pids), "the first CMD or its child outlived its wrapper");
+    assert!(!alive(&[guard]), "the guard outlived the group it guards");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_to_the_wrapper_kills_cmd_and_all_of_its_group() {
+    sigkill_to_the_wrapper(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_guard_is_replaced() {
+    sigkill_to_the_wrapper(true).await;
 }
 
 /// The first wrapper's node fails under it (`fail` is given the cluster): the wrapper stops CMD
@@ -238,17 +290,22 @@ async fn a_paused_node_under_a_running_cmd_stops_it_before_the_lock_passes_on() 
 }
 
 /// CMD's children are part of it: when CMD exits, the ones it left get SIGTERM, then SIGKILL,
-/// and the lock is held until they are gone.
+/// and the lock is held until they are gone. The guard then leaves too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_cmd_leaves_behind_are_stopped_before_the_unlock() {
     let cluster = started().await;
     let marks = Marks::new(&cluster, "marks");
     let script = format!("(trap '' TERM; exec sleep 120) & echo $! > {}; exit 5", marks.path("child"));
     let mut wrapper = Wrapper::start(&cluster, 1, "cmd/children", &[], &script);
+    let guard = guard_of(&wrapper, None).await;
     let status = wrapper.exit().await;
     assert_eq!(code(status), Some(5), "CMD's own status: {status}");
     let child: i32 = marks.read("child").expect("the child's pid").trim().parse().unwrap();
     assert!(!alive(&[child]), "CMD's child outlived the lock");
+    harness::eventually(PATIENCE, "the guard leaves", || {
+        std::future::ready((!alive(&[guard])).then_some(()))
+    })
+    .await;
 }
 
 /// The statuses that are keyhome's own, and the handoff note.

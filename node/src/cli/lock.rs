@@ -47,7 +47,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::process::GroupGuard;
+use super::process::{GroupGuard, group_is_empty};
 
 /// CMD was stopped because the lock was ending (not renewed in time, or lost).
 pub const EXIT_LOST: u8 = 123;
@@ -207,8 +207,20 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             .into());
         }
     }
-    let signals = Signals::new()?;
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+    // What CMD's supervision needs; on failure, CMD does not run and the lock goes back at once.
+    let prepared = Signals::new().and_then(|signals| {
+        rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
+        Ok((signals, GroupGuard::start()?))
+    });
+    let (signals, guard) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            let _ = held.unlock(None).await;
+            return Err(
+                format!("cannot supervise CMD (signal handlers, subreaper, guard process): {e}").into()
+            );
+        }
+    };
     let mut command = std::process::Command::new(program);
     command
         .args(rest)
@@ -222,8 +234,6 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(path) = &args.note_file {
         command.env("KEYHOME_NOTE_FILE", path);
     }
-    let guard =
-        GroupGuard::start().map_err(|e| format!("cannot start the guard of CMD's process group: {e}"))?;
     let leader = match spawn_in_group(command, &guard) {
         Ok(pid) => pid,
         Err(e) => {
@@ -237,10 +247,8 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             return Ok(ExitCode::from(code));
         }
     };
-    let mut group = Group { leader, status: None };
+    let mut group = Group { leader, status: None, guard: Some(guard) };
     let outcome = supervise(&mut group, held, plan, clock, signals, lost).await;
-    // CMD's group is empty.
-    guard.disarm();
     let status = group.status.map_or(ExitCode::FAILURE, exit_code);
     match outcome {
         Outcome { held, cut_short: Some(why) } => {
@@ -340,8 +348,6 @@ impl Signals {
 /// Starts `command` as the leader of a new process group, to die with this process, the whole
 /// group guarded by `guard`.
 fn spawn_in_group(mut command: std::process::Command, guard: &GroupGuard) -> std::io::Result<Pid> {
-    use std::os::unix::process::CommandExt;
-    command.process_group(0);
     super::process::die_with_this_process(&mut command);
     guard.arm(&mut command);
     let child = command.spawn()?;
@@ -349,21 +355,32 @@ fn spawn_in_group(mut command: std::process::Command, guard: &GroupGuard) -> std
     Pid::from_raw(child.id() as i32).ok_or_else(|| std::io::Error::other("no process id"))
 }
 
-/// CMD's process group: its leader's pid (also the group id) and, once reaped, its status.
+/// CMD's process group: its leader's pid (also the group id), once reaped its status, and its
+/// guard until the group is empty.
 struct Group {
     leader: Pid,
     status: Option<WaitStatus>,
+    guard: Option<GroupGuard>,
 }
 
 impl Group {
     /// Reaps every exited child of this process in the group; whether the group is now empty.
+    /// The guard is disarmed the moment it is, and replaced while it is not if it was killed.
     fn reap(&mut self) -> bool {
         while let Ok(Some((pid, status))) = rustix::process::waitpgid(self.leader, WaitOptions::NOHANG) {
             if pid == self.leader {
                 self.status = Some(status);
             }
         }
-        self.status.is_some() && rustix::process::test_kill_process_group(self.leader).is_err()
+        let empty = self.status.is_some() && group_is_empty(self.leader);
+        if empty {
+            if let Some(guard) = self.guard.take() {
+                guard.disarm();
+            }
+        } else if let Some(guard) = &mut self.guard {
+            guard.replace_if_gone(self.leader);
+        }
+        empty
     }
 
     fn signal(&self, signal: Signal) {
