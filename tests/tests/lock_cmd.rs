@@ -245,6 +245,28 @@ async fn a_killed_guard_is_replaced() {
     sigkill_to_the_wrapper(true).await;
 }
 
+/// SIGSTOP to the first wrapper (as a debugger or a Ctrl-Z would stop it): it can do nothing at
+/// the deadline, and its guard sends SIGKILL to CMD's group at the wrapper's own SIGKILL instant.
+/// The second CMD finds nothing of the first alive; resumed, the first wrapper says the lock was
+/// lost (123).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_wrapper_has_cmd_killed_by_its_guard_before_the_deadline() {
+    let cluster = started().await;
+    let marks = Marks::new(&cluster, "marks");
+    let mut first = Wrapper::start(&cluster, 1, "cmd/stopped", &[], &marks.first());
+    let pids = marks.first_running().await;
+    guard_of(&first, None).await;
+    let mut second = Wrapper::start(&cluster, 3, "cmd/stopped", &[], &marks.second());
+    first.signal(rustix::process::Signal::STOP);
+    let second_status = second.exit().await;
+    assert_no_overlap(&marks, true);
+    assert_eq!(code(second_status), Some(0), "{second_status}");
+    assert!(!alive(&pids), "the first CMD or its child outlived the lock");
+    first.signal(rustix::process::Signal::CONT);
+    let status = first.exit().await;
+    assert_eq!(code(status), Some(123), "the resumed wrapper says the lock was lost: {status}");
+}
+
 /// The first wrapper's node fails under it (`fail` is given the cluster): the wrapper stops CMD
 /// before the lock can pass on, exits 123, and the second CMD finds nothing of it alive.
 async fn node_failure_under_cmd(fail: impl FnOnce(&mut Cluster), restore: impl FnOnce(&mut Cluster)) {

@@ -14,8 +14,11 @@
 //!   node says the handle is lost, or the connection to it ended) SIGTERM goes at once, SIGKILL
 //!   `kill_after` later or at `D − margin`, whichever is first.
 //!
-//! Only a pause of the wrapper itself (SIGSTOP, a frozen machine) can make CMD outlive `D` (or
-//! killing its guard along with it): the fencing token is what protects a resource then.
+//! The wrapper's guard process ([`GroupGuard`]) is told every `D − margin` and sends SIGKILL to
+//! CMD's group then itself, so a wrapper that is stopped (SIGSTOP, Ctrl-Z, a debugger) or held up
+//! past it changes nothing. Only a pause of both (a frozen machine, which freezes CMD too until
+//! it resumes) or killing both can make CMD outlive `D`: the fencing token is what protects a
+//! resource then.
 //!
 //! # CMD's process group
 //!
@@ -24,7 +27,7 @@
 //! until the group is empty: when CMD exits and leaves children behind, they get SIGTERM, then
 //! SIGKILL after `kill_after`. A process that leaves the group (`setsid`, `setpgid`) is not
 //! followed. If the wrapper is killed outright, CMD dies with it (`PR_SET_PDEATHSIG`) and the
-//! wrapper's guard process ([`GroupGuard`]) kills the rest of CMD's group.
+//! guard kills the rest of CMD's group at once.
 //!
 //! # Signals to the wrapper
 //!
@@ -208,9 +211,12 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         }
     }
     // What CMD's supervision needs; on failure, CMD does not run and the lock goes back at once.
+    // The guard enforces the wrapper's own last instant for SIGKILL, should the wrapper stop.
     let prepared = Signals::new().and_then(|signals| {
         rustix::process::set_child_subreaper(Some(rustix::process::getpid()))?;
-        Ok((signals, GroupGuard::start()?))
+        let mut guard = GroupGuard::start()?;
+        guard.kill_at(clock.raw_nanos(held.deadline() - plan.margin))?;
+        Ok((signals, guard))
     });
     let (signals, guard) = match prepared {
         Ok(prepared) => prepared,
@@ -386,6 +392,14 @@ impl Group {
     fn signal(&self, signal: Signal) {
         let _ = rustix::process::kill_process_group(self.leader, signal);
     }
+
+    /// Tells the guard the group's new last instant (a raw boot-clock reading). A guard that is
+    /// gone is replaced at the next [`Group::reap`] and told it then.
+    fn kill_at(&mut self, at: u64) {
+        if let Some(guard) = &mut self.guard {
+            let _ = guard.kill_at(at);
+        }
+    }
 }
 
 /// The timing the wrapper keeps.
@@ -430,6 +444,13 @@ async fn supervise(
     loop {
         let now = clock.now();
         if group.reap() {
+            if cut_short.is_none() && !killed && now >= deadline - plan.margin {
+                // This process was stopped (or starved) past its SIGKILL instant, and the guard
+                // killed the group then.
+                cut_short = Some(
+                    "this process was held up past the lock's deadline: its guard killed CMD's group".into(),
+                );
+            }
             break;
         }
         // What is due now.
@@ -502,6 +523,7 @@ async fn supervise(
                             Ok(Ok(_)) if held.deadline() > deadline => {
                                 deadline = held.deadline();
                                 renew_at = next_renewal(now, deadline, plan);
+                                group.kill_at(clock.raw_nanos(deadline - plan.margin));
                             }
                             // Not extended (the delegation is due for renewal, or the key was
                             // recalled), timed out, or refused for now: try again soon.

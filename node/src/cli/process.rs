@@ -3,6 +3,7 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
+use keyhome::clock::boottime_nanos;
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SendFlags, SocketFlags, SocketType};
 use rustix::process::{Pid, WaitOptions};
@@ -26,17 +27,21 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
     }
 }
 
-/// Kills CMD's whole process group if this process dies while the group may still run.
+/// Kills CMD's whole process group if this process dies, or stops, while the group may still run.
 ///
 /// [`die_with_this_process`] reaches only the process spawned: what that process starts in its
 /// group (a shell's `sleep &`, a worker pool) would run on after this process was killed outright
-/// (SIGKILL, the OOM killer), past the lock it was started under. The guard is a forked copy of
-/// this process that only reads a socket (a `SOCK_SEQPACKET` pair). The socket's other end is
+/// (SIGKILL, the OOM killer), past the lock it was started under; and a stopped wrapper (SIGSTOP,
+/// Ctrl-Z, a debugger) stops nothing at the deadline. The guard is a forked copy of this process
+/// that only waits on a socket (a `SOCK_SEQPACKET` pair) and a deadline. The socket's other end is
 /// this process's and, until it execs, the child [`GroupGuard::arm`] prepared:
 ///
 /// - before exec, that child makes its own process group and sends its pid, the group's id, so
 ///   the guard knows the group before anything in it runs;
-/// - [`GroupGuard::disarm`] sends a zero: the group is empty, and the guard exits quietly;
+/// - [`GroupGuard::kill_at`] sends the instant (on `CLOCK_BOOTTIME`, which both read) at which
+///   the group must be gone: the guard sends SIGKILL to the group then, unless a later instant
+///   came first;
+/// - [`GroupGuard::disarm`] says the group is empty, and the guard exits quietly;
 /// - end of file (every other end closed: this process died, or left without disarming) makes the
 ///   guard send SIGKILL to the group, then exit.
 ///
@@ -50,10 +55,62 @@ pub struct GroupGuard {
     tx: OwnedFd,
     /// The guard's pid.
     pid: Pid,
+    /// The last instant sent with [`GroupGuard::kill_at`], for a replacement.
+    kill_at: Option<u64>,
 }
 
 /// The guard's name: `/proc/PID/comm`, and its command line.
 const GUARD_NAME: &std::ffi::CStr = c"keyhome-guard";
+
+/// Longest wait of the guard between two readings of the clock, so that a deadline passed during
+/// a suspend is noticed soon after the resume (its timeouts are counted on a clock that stops).
+const GUARD_MAX_WAIT_MS: u64 = 250;
+
+/// What the guard is told: one message per `send`, kept whole by the socket.
+enum Message {
+    /// CMD's process group.
+    Group(Pid),
+    /// Kill the group at this `CLOCK_BOOTTIME` reading, in nanoseconds.
+    KillAt(u64),
+    /// The group is empty: exit.
+    Disarm,
+}
+
+/// The length of an encoded [`Message`]: a tag, then a value.
+const MESSAGE_LEN: usize = 12;
+
+impl Message {
+    fn encode(&self) -> [u8; MESSAGE_LEN] {
+        let (tag, value) = match *self {
+            Message::Group(pid) => (1u32, pid.as_raw_nonzero().get() as u64),
+            Message::KillAt(at) => (2, at),
+            Message::Disarm => (3, 0),
+        };
+        let mut bytes = [0; MESSAGE_LEN];
+        bytes[..4].copy_from_slice(&tag.to_le_bytes());
+        bytes[4..].copy_from_slice(&value.to_le_bytes());
+        bytes
+    }
+
+    fn decode(bytes: [u8; MESSAGE_LEN]) -> Option<Message> {
+        let tag = u32::from_le_bytes(bytes[..4].try_into().ok()?);
+        let value = u64::from_le_bytes(bytes[4..].try_into().ok()?);
+        match tag {
+            1 => Some(Message::Group(Pid::from_raw(i32::try_from(value).ok().filter(|&p| p > 0)?)?)),
+            2 => Some(Message::KillAt(value)),
+            3 => Some(Message::Disarm),
+            _ => None,
+        }
+    }
+
+    /// Sends it; `EPIPE`, not SIGPIPE, if the guard is gone.
+    fn send(&self, tx: BorrowedFd<'_>) -> std::io::Result<()> {
+        match rustix::net::send(tx, &self.encode(), SendFlags::NOSIGNAL)? {
+            MESSAGE_LEN => Ok(()),
+            _ => Err(std::io::Error::other("short send to the guard of CMD's process group")),
+        }
+    }
+}
 
 impl GroupGuard {
     /// Forks a guard. Call it from the thread that spawns CMD, before spawning it.
@@ -78,7 +135,7 @@ impl GroupGuard {
             forked?
         };
         let pid = Pid::from_raw(pid).ok_or_else(|| std::io::Error::other("fork returned no pid"))?;
-        Ok(GroupGuard { tx, pid })
+        Ok(GroupGuard { tx, pid, kill_at: None })
     }
 
     /// Makes the child `command` starts lead a process group of its own and tell the guard
@@ -94,9 +151,16 @@ impl GroupGuard {
                 // `process_group(0)` did this already; whether before or after this closure
                 // runs, the group the guard is told about is the one CMD leads.
                 rustix::process::setpgid(None, None)?;
-                send(BorrowedFd::borrow_raw(tx), rustix::process::getpid())
+                Message::Group(rustix::process::getpid()).send(BorrowedFd::borrow_raw(tx))
             });
         }
+    }
+
+    /// The group must be gone by `at`, a [`boottime_nanos`] reading (the wrapper's own SIGKILL
+    /// instant): replaces any earlier instant.
+    pub fn kill_at(&mut self, at: u64) -> std::io::Result<()> {
+        self.kill_at = Some(at);
+        Message::KillAt(at).send(self.tx.as_fd())
     }
 
     /// If the guard died (someone killed it), starts another for `group` and says so on stderr.
@@ -104,7 +168,13 @@ impl GroupGuard {
         if let Ok(None) = rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG) {
             return; // still running
         }
-        let replaced = GroupGuard::start().and_then(|new| send(new.tx.as_fd(), group).map(|()| new));
+        let replaced = GroupGuard::start().and_then(|mut new| {
+            Message::Group(group).send(new.tx.as_fd())?;
+            if let Some(at) = self.kill_at {
+                new.kill_at(at)?;
+            }
+            Ok(new)
+        });
         match replaced {
             Ok(new) => {
                 eprintln!(
@@ -116,7 +186,7 @@ impl GroupGuard {
             }
             Err(e) => eprintln!(
                 "keyhome lock: the guard of CMD's process group (pid {}) was killed, and no other could \
-                 be started ({e}): if this process is killed, CMD's group runs on",
+                 be started ({e}): if this process is killed or stopped, CMD's group runs on",
                 self.pid.as_raw_nonzero()
             ),
         }
@@ -124,16 +194,7 @@ impl GroupGuard {
 
     /// CMD's group is empty (or was never started): the guard exits without signalling anything.
     pub fn disarm(self) {
-        let _ = rustix::net::send(&self.tx, &0i32.to_ne_bytes(), SendFlags::NOSIGNAL);
-    }
-}
-
-/// Tells the guard `group`'s id. One message of four bytes (the socket keeps its boundaries);
-/// `EPIPE`, not SIGPIPE, if the guard is gone.
-fn send(tx: BorrowedFd<'_>, group: Pid) -> std::io::Result<()> {
-    match rustix::net::send(tx, &group.as_raw_nonzero().get().to_ne_bytes(), SendFlags::NOSIGNAL)? {
-        4 => Ok(()),
-        _ => Err(std::io::Error::other("short send to the guard of CMD's process group")),
+        let _ = Message::Disarm.send(self.tx.as_fd());
     }
 }
 
@@ -171,26 +232,55 @@ unsafe fn guard(rx: RawFd, tx: RawFd, title: std::ops::Range<usize>) -> ! {
             libc::syscall(libc::SYS_close_range, 0 as libc::c_long, rx_n - 1, 0 as libc::c_long);
         }
         libc::syscall(libc::SYS_close_range, rx_n + 1, libc::c_uint::MAX as libc::c_long, 0 as libc::c_long);
-        let mut group: libc::pid_t = 0;
+        let mut group: Option<Pid> = None;
+        let mut kill_at: Option<u64> = None;
+        let kill_group = |group: Option<Pid>| {
+            if let Some(group) = group {
+                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+            }
+        };
         loop {
-            let mut message = [0u8; 4];
-            let n = libc::read(rx, message.as_mut_ptr().cast(), message.len());
-            if n == 4 {
-                match i32::from_ne_bytes(message) {
-                    0 => libc::_exit(0),
-                    pid => group = pid,
+            let wait_ms = match kill_at {
+                None => -1,
+                Some(at) => {
+                    let now = boottime_nanos();
+                    if now >= at {
+                        // The deadline passed with nobody moving it: the wrapper is stopped,
+                        // or too late to do it itself.
+                        kill_group(group);
+                        kill_at = None;
+                        continue;
+                    }
+                    ((at - now) / 1_000_000 + 1).min(GUARD_MAX_WAIT_MS) as libc::c_int
+                }
+            };
+            let mut ready = libc::pollfd { fd: rx, events: libc::POLLIN, revents: 0 };
+            match libc::poll(&mut ready, 1, wait_ms) {
+                0 => continue,
+                n if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
+                n if n < 0 => break,
+                _ => {}
+            }
+            let mut message = [0u8; MESSAGE_LEN];
+            let n = libc::read(rx, message.as_mut_ptr().cast(), MESSAGE_LEN);
+            if n == MESSAGE_LEN as isize {
+                match Message::decode(message) {
+                    Some(Message::Group(pid)) => group = Some(pid),
+                    Some(Message::KillAt(at)) => kill_at = Some(at),
+                    Some(Message::Disarm) => libc::_exit(0),
+                    None => break,
                 }
             } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
                 // Not expected (every signal is blocked), but harmless.
                 continue;
             } else {
-                // End of file (or a socket that failed): nobody will disarm the guard.
-                if group > 0 {
-                    libc::kill(-group, libc::SIGKILL);
-                }
-                libc::_exit(0);
+                // End of file: nobody will disarm the guard.
+                break;
             }
         }
+        // End of file, or a socket that failed.
+        kill_group(group);
+        libc::_exit(0);
     }
 }
 
