@@ -40,8 +40,8 @@ impl BootClock {
         at.saturating_duration_since(self.now())
     }
 
-    /// `at` as a raw [`boottime_nanos`] reading, for another process of this machine to compare
-    /// with its own (the guard of `keyhome lock`).
+    /// `at` as a raw `CLOCK_BOOTTIME` reading in nanoseconds, for another process of this machine
+    /// that reads that clock (the guard of `keyhome lock`).
     pub fn raw_nanos(&self, at: Instant) -> u64 {
         self.origin.saturating_add(at.as_nanos())
     }
@@ -54,8 +54,8 @@ impl Default for BootClock {
 }
 
 /// `CLOCK_BOOTTIME` in nanoseconds (saturating: u64 nanoseconds last 584 years). Integer
-/// arithmetic only: every lock and unlock reads the clock. Async-signal-safe (a vDSO call).
-pub fn boottime_nanos() -> u64 {
+/// arithmetic only: every lock and unlock reads the clock.
+fn boottime_nanos() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Boottime);
     let secs = u64::try_from(ts.tv_sec).unwrap_or(0);
     let nanos = u64::try_from(ts.tv_nsec).unwrap_or(0);

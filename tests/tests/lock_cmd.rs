@@ -207,21 +207,18 @@ async fn guard_of(wrapper: &Wrapper, not: Option<i32>) -> i32 {
 /// on. CMD dies with the wrapper (`PR_SET_PDEATHSIG`) and the wrapper's guard process kills the
 /// rest of the group (the child CMD started, which ignores SIGTERM and SIGINT). The lock stays
 /// held until the deadline the wrapper was told, and the second CMD finds nothing of the first
-/// alive and is told `recovered`. With `guard_killed_first`, the guard is killed before the
-/// wrapper, which starts another.
-async fn sigkill_to_the_wrapper(guard_killed_first: bool) {
+/// alive and is told `recovered`. With `to_the_guard_first`, the guard gets that signal before
+/// the wrapper's SIGKILL, and the wrapper starts another.
+async fn sigkill_to_the_wrapper(to_the_guard_first: Option<rustix::process::Signal>) {
     use std::os::unix::process::ExitStatusExt;
-    let kill = |pid: i32| {
-        let pid = rustix::process::Pid::from_raw(pid).expect("a pid");
-        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill");
-    };
     let cluster = started().await;
     let marks = Marks::new(&cluster, "marks");
     let mut first = Wrapper::start(&cluster, 1, "cmd/sigkill", &[], &marks.first());
     let pids = marks.first_running().await;
     let mut guard = guard_of(&first, None).await;
-    if guard_killed_first {
-        kill(guard);
+    if let Some(signal) = to_the_guard_first {
+        let pid = rustix::process::Pid::from_raw(guard).expect("a pid");
+        rustix::process::kill_process(pid, signal).expect("signal the guard");
         guard = guard_of(&first, Some(guard)).await;
     }
     let mut second = Wrapper::start(&cluster, 3, "cmd/sigkill", &[], &marks.second());
@@ -237,12 +234,17 @@ async fn sigkill_to_the_wrapper(guard_killed_first: bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_to_the_wrapper_kills_cmd_and_all_of_its_group() {
-    sigkill_to_the_wrapper(false).await;
+    sigkill_to_the_wrapper(None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_guard_is_replaced() {
-    sigkill_to_the_wrapper(true).await;
+    sigkill_to_the_wrapper(Some(rustix::process::Signal::KILL)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_guard_is_replaced() {
+    sigkill_to_the_wrapper(Some(rustix::process::Signal::STOP)).await;
 }
 
 /// SIGSTOP to the first wrapper (as a debugger or a Ctrl-Z would stop it): it can do nothing at
@@ -312,14 +314,20 @@ async fn a_paused_node_under_a_running_cmd_stops_it_before_the_lock_passes_on() 
 }
 
 /// CMD's children are part of it: when CMD exits, the ones it left get SIGTERM, then SIGKILL,
-/// and the lock is held until they are gone. The guard then leaves too.
+/// and the lock is held until they are gone. The guard then leaves too (CMD waits for the test
+/// to have seen it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn children_cmd_leaves_behind_are_stopped_before_the_unlock() {
     let cluster = started().await;
     let marks = Marks::new(&cluster, "marks");
-    let script = format!("(trap '' TERM; exec sleep 120) & echo $! > {}; exit 5", marks.path("child"));
+    let script = format!(
+        "(trap '' TERM; exec sleep 120) & echo $! > {}; while [ ! -e {} ]; do sleep 0.02; done; exit 5",
+        marks.path("child"),
+        marks.path("go")
+    );
     let mut wrapper = Wrapper::start(&cluster, 1, "cmd/children", &[], &script);
     let guard = guard_of(&wrapper, None).await;
+    std::fs::write(marks.path("go"), b"").unwrap();
     let status = wrapper.exit().await;
     assert_eq!(code(status), Some(5), "CMD's own status: {status}");
     let child: i32 = marks.read("child").expect("the child's pid").trim().parse().unwrap();

@@ -15,10 +15,10 @@
 //!   `kill_after` later or at `D − margin`, whichever is first.
 //!
 //! The wrapper's guard process ([`GroupGuard`]) is told every `D − margin` and sends SIGKILL to
-//! CMD's group then itself, so a wrapper that is stopped (SIGSTOP, Ctrl-Z, a debugger) or held up
-//! past it changes nothing. Only a pause of both (a frozen machine, which freezes CMD too until
-//! it resumes) or killing both can make CMD outlive `D`: the fencing token is what protects a
-//! resource then.
+//! CMD's group then itself, so a wrapper that is stopped (SIGSTOP, Ctrl-Z, a debugger) past it
+//! changes nothing. Only holding up both (stopping both, a frozen machine, which freezes CMD too
+//! until it resumes, or CPU starvation of both but not CMD) or killing both can make CMD outlive
+//! `D`: the fencing token is what protects a resource then.
 //!
 //! # CMD's process group
 //!
@@ -253,7 +253,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
             return Ok(ExitCode::from(code));
         }
     };
-    let mut group = Group { leader, status: None, guard: Some(guard) };
+    let mut group = Group { leader, status: None, guard: Some(guard), guard_killed: false };
     let outcome = supervise(&mut group, held, plan, clock, signals, lost).await;
     let status = group.status.map_or(ExitCode::FAILURE, exit_code);
     match outcome {
@@ -367,11 +367,13 @@ struct Group {
     leader: Pid,
     status: Option<WaitStatus>,
     guard: Option<GroupGuard>,
+    /// The guard said it killed the group at the SIGKILL instant (this process was held up).
+    guard_killed: bool,
 }
 
 impl Group {
     /// Reaps every exited child of this process in the group; whether the group is now empty.
-    /// The guard is disarmed the moment it is, and replaced while it is not if it was killed.
+    /// The guard is disarmed the moment it is, and replaced while it is not if it died or stopped.
     fn reap(&mut self) -> bool {
         while let Ok(Some((pid, status))) = rustix::process::waitpgid(self.leader, WaitOptions::NOHANG) {
             if pid == self.leader {
@@ -379,12 +381,14 @@ impl Group {
             }
         }
         let empty = self.status.is_some() && group_is_empty(self.leader);
-        if empty {
-            if let Some(guard) = self.guard.take() {
-                guard.disarm();
+        if let Some(guard) = &mut self.guard {
+            self.guard_killed |= guard.killed();
+            if !empty {
+                guard.check(self.leader, false);
             }
-        } else if let Some(guard) = &mut self.guard {
-            guard.replace_if_gone(self.leader);
+        }
+        if empty && let Some(guard) = self.guard.take() {
+            guard.disarm();
         }
         empty
     }
@@ -393,11 +397,19 @@ impl Group {
         let _ = rustix::process::kill_process_group(self.leader, signal);
     }
 
-    /// Tells the guard the group's new last instant (a raw boot-clock reading). A guard that is
-    /// gone is replaced at the next [`Group::reap`] and told it then.
+    /// Whether the guard killed the group at its instant while CMD still ran.
+    fn killed_by_guard(&self) -> bool {
+        let killed = self.status.and_then(WaitStatus::terminating_signal) == Some(libc::SIGKILL);
+        self.guard_killed && killed
+    }
+
+    /// Tells the guard the group's new last instant (a raw boot-clock reading); a guard that
+    /// cannot be told is replaced by one that is.
     fn kill_at(&mut self, at: u64) {
-        if let Some(guard) = &mut self.guard {
-            let _ = guard.kill_at(at);
+        if let Some(guard) = &mut self.guard
+            && guard.kill_at(at).is_err()
+        {
+            guard.check(self.leader, true);
         }
     }
 }
@@ -444,9 +456,9 @@ async fn supervise(
     loop {
         let now = clock.now();
         if group.reap() {
-            if cut_short.is_none() && !killed && now >= deadline - plan.margin {
-                // This process was stopped (or starved) past its SIGKILL instant, and the guard
-                // killed the group then.
+            if cut_short.is_none() && group.killed_by_guard() {
+                // This process was held up (stopped) past its SIGKILL instant, and the guard
+                // killed CMD then (not a CMD that had exited, whose zombie the signal found).
                 cut_short = Some(
                     "this process was held up past the lock's deadline: its guard killed CMD's group".into(),
                 );

@@ -3,7 +3,6 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
-use keyhome::clock::boottime_nanos;
 use rustix::io::Errno;
 use rustix::net::{AddressFamily, SendFlags, SocketFlags, SocketType};
 use rustix::process::{Pid, WaitOptions};
@@ -33,14 +32,16 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
 /// group (a shell's `sleep &`, a worker pool) would run on after this process was killed outright
 /// (SIGKILL, the OOM killer), past the lock it was started under; and a stopped wrapper (SIGSTOP,
 /// Ctrl-Z, a debugger) stops nothing at the deadline. The guard is a forked copy of this process
-/// that only waits on a socket (a `SOCK_SEQPACKET` pair) and a deadline. The socket's other end is
-/// this process's and, until it execs, the child [`GroupGuard::arm`] prepared:
+/// that only waits on a socket (a `SOCK_SEQPACKET` pair) and a timer (a `timerfd` on
+/// `CLOCK_BOOTTIME`, which counts through a suspend and fires as soon as the machine resumes).
+/// The socket's other end is this process's and, until it execs, the child [`GroupGuard::arm`]
+/// prepared:
 ///
 /// - before exec, that child makes its own process group and sends its pid, the group's id, so
 ///   the guard knows the group before anything in it runs;
-/// - [`GroupGuard::kill_at`] sends the instant (on `CLOCK_BOOTTIME`, which both read) at which
-///   the group must be gone: the guard sends SIGKILL to the group then, unless a later instant
-///   came first;
+/// - [`GroupGuard::kill_at`] sends the instant (a `CLOCK_BOOTTIME` reading) by which the group
+///   must be gone: the guard sends SIGKILL to the group then, unless a later instant came first
+///   (it reads every message before it looks at the timer), and says so ([`GroupGuard::killed`]);
 /// - [`GroupGuard::disarm`] says the group is empty, and the guard exits quietly;
 /// - end of file (every other end closed: this process died, or left without disarming) makes the
 ///   guard send SIGKILL to the group, then exit.
@@ -49,10 +50,11 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
 /// process group of its own (not the one a terminal or a `kill -- -PGID` of this process's job
 /// signals), and it renames itself `keyhome-guard`, command line included (what `ps`, `pgrep -f`
 /// and `pkill -f` match), so that a `pkill -9 -f 'keyhome lock'` does not kill it with this
-/// process. If it dies anyway, [`GroupGuard::replace_if_gone`] starts another.
+/// process. One that dies, stops, or cannot be told a new instant is replaced
+/// ([`GroupGuard::check`]). This process never waits for it: every send is non-blocking.
 pub struct GroupGuard {
     /// This process's end of the socket (close-on-exec: CMD does not keep it).
-    tx: OwnedFd,
+    sock: OwnedFd,
     /// The guard's pid.
     pid: Pid,
     /// The last instant sent with [`GroupGuard::kill_at`], for a replacement.
@@ -62,29 +64,29 @@ pub struct GroupGuard {
 /// The guard's name: `/proc/PID/comm`, and its command line.
 const GUARD_NAME: &std::ffi::CStr = c"keyhome-guard";
 
-/// Longest wait of the guard between two readings of the clock, so that a deadline passed during
-/// a suspend is noticed soon after the resume (its timeouts are counted on a clock that stops).
-const GUARD_MAX_WAIT_MS: u64 = 250;
-
-/// What the guard is told: one message per `send`, kept whole by the socket.
+/// A message on the guard's socket, kept whole by it.
+#[derive(Clone, Copy)]
 enum Message {
-    /// CMD's process group.
+    /// To the guard: CMD's process group.
     Group(Pid),
-    /// Kill the group at this `CLOCK_BOOTTIME` reading, in nanoseconds.
+    /// To the guard: kill the group at this `CLOCK_BOOTTIME` reading, in nanoseconds.
     KillAt(u64),
-    /// The group is empty: exit.
+    /// To the guard: the group is empty; exit.
     Disarm,
+    /// From the guard: it killed the group at the instant it was given.
+    Killed,
 }
 
 /// The length of an encoded [`Message`]: a tag, then a value.
 const MESSAGE_LEN: usize = 12;
 
 impl Message {
-    fn encode(&self) -> [u8; MESSAGE_LEN] {
-        let (tag, value) = match *self {
+    fn encode(self) -> [u8; MESSAGE_LEN] {
+        let (tag, value) = match self {
             Message::Group(pid) => (1u32, pid.as_raw_nonzero().get() as u64),
             Message::KillAt(at) => (2, at),
             Message::Disarm => (3, 0),
+            Message::Killed => (4, 0),
         };
         let mut bytes = [0; MESSAGE_LEN];
         bytes[..4].copy_from_slice(&tag.to_le_bytes());
@@ -99,15 +101,17 @@ impl Message {
             1 => Some(Message::Group(Pid::from_raw(i32::try_from(value).ok().filter(|&p| p > 0)?)?)),
             2 => Some(Message::KillAt(value)),
             3 => Some(Message::Disarm),
+            4 => Some(Message::Killed),
             _ => None,
         }
     }
 
-    /// Sends it; `EPIPE`, not SIGPIPE, if the guard is gone.
-    fn send(&self, tx: BorrowedFd<'_>) -> std::io::Result<()> {
-        match rustix::net::send(tx, &self.encode(), SendFlags::NOSIGNAL)? {
+    /// Sends it without waiting: `EAGAIN` if the socket is full (a guard that does not read),
+    /// `EPIPE`, not SIGPIPE, if the other end is gone.
+    fn send(self, sock: BorrowedFd<'_>) -> std::io::Result<()> {
+        match rustix::net::send(sock, &self.encode(), SendFlags::NOSIGNAL | SendFlags::DONTWAIT)? {
             MESSAGE_LEN => Ok(()),
-            _ => Err(std::io::Error::other("short send to the guard of CMD's process group")),
+            _ => Err(std::io::Error::other("short send on the socket of CMD's guard")),
         }
     }
 }
@@ -115,8 +119,12 @@ impl Message {
 impl GroupGuard {
     /// Forks a guard. Call it from the thread that spawns CMD, before spawning it.
     pub fn start() -> std::io::Result<GroupGuard> {
-        let (tx, rx) =
+        let (sock, theirs) =
             rustix::net::socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None)?;
+        let timer = rustix::time::timerfd_create(
+            rustix::time::TimerfdClockId::Boottime,
+            rustix::time::TimerfdFlags::CLOEXEC | rustix::time::TimerfdFlags::NONBLOCK,
+        )?;
         let title = own_command_line().unwrap_or(0..0);
         // SAFETY: sigset_t is plain data, initialised by sigfillset / pthread_sigmask; between
         // fork and `_exit` the child runs `guard`, which makes only async-signal-safe calls.
@@ -128,48 +136,72 @@ impl GroupGuard {
             libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut before);
             let pid = libc::fork();
             if pid == 0 {
-                guard(rx.as_raw_fd(), tx.as_raw_fd(), title);
+                guard(
+                    Fds { sock: theirs.as_raw_fd(), timer: timer.as_raw_fd(), ours: sock.as_raw_fd() },
+                    title,
+                );
             }
             let forked = if pid > 0 { Ok(pid) } else { Err(std::io::Error::last_os_error()) };
             libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut());
             forked?
         };
         let pid = Pid::from_raw(pid).ok_or_else(|| std::io::Error::other("fork returned no pid"))?;
-        Ok(GroupGuard { tx, pid, kill_at: None })
+        Ok(GroupGuard { sock, pid, kill_at: None })
     }
 
     /// Makes the child `command` starts lead a process group of its own and tell the guard
     /// before it execs. Set [`die_with_this_process`] first: its check that this process still
     /// runs comes before. Spawning fails (`EPIPE`) if the guard is gone.
     pub fn arm(&self, command: &mut std::process::Command) {
-        let tx = self.tx.as_raw_fd();
+        let sock = self.sock.as_raw_fd();
         command.process_group(0);
         // SAFETY: the closure makes only async-signal-safe system calls (setpgid, getpid, send);
-        // `tx` stays open in this process until the spawn is over (`self` outlives the call).
+        // `sock` stays open in this process until the spawn is over (`self` outlives the call).
         unsafe {
             command.pre_exec(move || {
                 // `process_group(0)` did this already; whether before or after this closure
                 // runs, the group the guard is told about is the one CMD leads.
                 rustix::process::setpgid(None, None)?;
-                Message::Group(rustix::process::getpid()).send(BorrowedFd::borrow_raw(tx))
+                Message::Group(rustix::process::getpid()).send(BorrowedFd::borrow_raw(sock))
             });
         }
     }
 
-    /// The group must be gone by `at`, a [`boottime_nanos`] reading (the wrapper's own SIGKILL
-    /// instant): replaces any earlier instant.
+    /// The group must be gone by `at`, a `CLOCK_BOOTTIME` reading in nanoseconds (the
+    /// wrapper's own SIGKILL instant): replaces any earlier instant. Fails if the guard cannot be
+    /// told (gone, or not reading); [`GroupGuard::check`] then replaces it, telling the new one.
     pub fn kill_at(&mut self, at: u64) -> std::io::Result<()> {
         self.kill_at = Some(at);
-        Message::KillAt(at).send(self.tx.as_fd())
+        Message::KillAt(at).send(self.sock.as_fd())
     }
 
-    /// If the guard died (someone killed it), starts another for `group` and says so on stderr.
-    pub fn replace_if_gone(&mut self, group: Pid) {
-        if let Ok(None) = rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG) {
-            return; // still running
+    /// Whether the guard said it killed the group at its instant (reads what it sent).
+    pub fn killed(&self) -> bool {
+        let mut said = false;
+        let mut bytes = [0u8; MESSAGE_LEN];
+        while let Ok((_, MESSAGE_LEN)) =
+            rustix::net::recv(&self.sock, &mut bytes, rustix::net::RecvFlags::DONTWAIT)
+        {
+            said |= matches!(Message::decode(bytes), Some(Message::Killed));
         }
+        said
+    }
+
+    /// Replaces the guard for `group` if it died, stopped, or (`stuck`) could not be told its
+    /// last instant; says so on stderr.
+    pub fn check(&mut self, group: Pid, stuck: bool) {
+        let why = match rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG | WaitOptions::UNTRACED)
+        {
+            Ok(None) if !stuck => return,
+            Ok(None) => "could not be told the lock's new deadline",
+            Ok(Some((_, status))) if status.stopped() => "was stopped",
+            Ok(Some(_)) | Err(_) => "was killed",
+        };
+        // Gone for good before another takes over (SIGKILL ends a stopped process too).
+        let _ = rustix::process::kill_process(self.pid, rustix::process::Signal::KILL);
+        let _ = rustix::process::waitpid(Some(self.pid), WaitOptions::empty());
         let replaced = GroupGuard::start().and_then(|mut new| {
-            Message::Group(group).send(new.tx.as_fd())?;
+            Message::Group(group).send(new.sock.as_fd())?;
             if let Some(at) = self.kill_at {
                 new.kill_at(at)?;
             }
@@ -178,15 +210,15 @@ impl GroupGuard {
         match replaced {
             Ok(new) => {
                 eprintln!(
-                    "keyhome lock: the guard of CMD's process group (pid {}) was killed; started another (pid {})",
+                    "keyhome lock: the guard of CMD's process group (pid {}) {why}; started another (pid {})",
                     self.pid.as_raw_nonzero(),
                     new.pid.as_raw_nonzero()
                 );
                 *self = new;
             }
             Err(e) => eprintln!(
-                "keyhome lock: the guard of CMD's process group (pid {}) was killed, and no other could \
-                 be started ({e}): if this process is killed or stopped, CMD's group runs on",
+                "keyhome lock: the guard of CMD's process group (pid {}) {why}, and no other could be \
+                 started ({e}): if this process is killed or stopped, CMD's group runs on",
                 self.pid.as_raw_nonzero()
             ),
         }
@@ -194,7 +226,7 @@ impl GroupGuard {
 
     /// CMD's group is empty (or was never started): the guard exits without signalling anything.
     pub fn disarm(self) {
-        let _ = Message::Disarm.send(self.tx.as_fd());
+        let _ = Message::Disarm.send(self.sock.as_fd());
     }
 }
 
@@ -209,9 +241,20 @@ fn own_command_line() -> Option<std::ops::Range<usize>> {
     (start < end).then_some(start..end)
 }
 
-/// The guard's whole life (see [`GroupGuard`]); never returns. Only async-signal-safe calls: it
-/// runs in a child forked from a process that may have other threads.
-unsafe fn guard(rx: RawFd, tx: RawFd, title: std::ops::Range<usize>) -> ! {
+/// The guard's descriptors, as the fork left them.
+struct Fds {
+    /// Its end of the socket.
+    sock: RawFd,
+    /// The timer.
+    timer: RawFd,
+    /// The wrapper's end of the socket, to close.
+    ours: RawFd,
+}
+
+/// The guard's whole life (see [`GroupGuard`]); never returns. Only async-signal-safe calls
+/// (system calls through `libc`, no allocation, no lock): it runs in a child forked from a
+/// process that may have other threads.
+unsafe fn guard(fds: Fds, title: std::ops::Range<usize>) -> ! {
     // SAFETY: raw system calls on this process's own descriptors; `title` is this (forked)
     // process's own copy of the command-line strings, which nothing here reads; then `_exit`.
     unsafe {
@@ -224,64 +267,94 @@ unsafe fn guard(rx: RawFd, tx: RawFd, title: std::ops::Range<usize>) -> ! {
             line[..n].copy_from_slice(&name[..n]);
         }
         libc::setpgid(0, 0);
-        libc::close(tx);
-        // Keeps no descriptor but its socket (not the caller's stdout, say). Best effort: the
-        // guard is correct with them open, only holding them until it exits.
-        let rx_n = rx as libc::c_long;
-        if rx_n > 0 {
-            libc::syscall(libc::SYS_close_range, 0 as libc::c_long, rx_n - 1, 0 as libc::c_long);
-        }
-        libc::syscall(libc::SYS_close_range, rx_n + 1, libc::c_uint::MAX as libc::c_long, 0 as libc::c_long);
-        let mut group: Option<Pid> = None;
-        let mut kill_at: Option<u64> = None;
-        let kill_group = |group: Option<Pid>| {
-            if let Some(group) = group {
-                let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        libc::close(fds.ours);
+        // Keeps no descriptor but its socket and timer (not the caller's stdout, say). Best
+        // effort: the guard is correct with them open, only holding them until it exits.
+        let (low, high) = (fds.sock.min(fds.timer) as libc::c_long, fds.sock.max(fds.timer) as libc::c_long);
+        for (first, last) in
+            [(0, low - 1), (low + 1, high - 1), (high + 1, libc::c_uint::MAX as libc::c_long)]
+        {
+            if first <= last {
+                libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_long);
             }
-        };
+        }
+        let mut group: Option<libc::pid_t> = None;
+        // The timer fired for the instant last given, and the group was not killed yet.
+        let mut due = false;
+        let mut message = [0u8; MESSAGE_LEN];
         loop {
-            let wait_ms = match kill_at {
-                None => -1,
-                Some(at) => {
-                    let now = boottime_nanos();
-                    if now >= at {
-                        // The deadline passed with nobody moving it: the wrapper is stopped,
-                        // or too late to do it itself.
-                        kill_group(group);
-                        kill_at = None;
-                        continue;
+            // Every message first, so that an instant moved later in time is not missed.
+            loop {
+                let n = libc::recv(fds.sock, message.as_mut_ptr().cast(), MESSAGE_LEN, libc::MSG_DONTWAIT);
+                if n == MESSAGE_LEN as isize {
+                    match Message::decode(message) {
+                        Some(Message::Group(pid)) => group = Some(pid.as_raw_nonzero().get()),
+                        Some(Message::KillAt(at)) => {
+                            // Setting the timer clears what it counted, and an instant already
+                            // past makes it fire at once.
+                            let value = libc::timespec {
+                                tv_sec: (at / 1_000_000_000) as libc::time_t,
+                                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+                            };
+                            let spec = libc::itimerspec { it_interval: std::mem::zeroed(), it_value: value };
+                            if libc::timerfd_settime(
+                                fds.timer,
+                                libc::TFD_TIMER_ABSTIME,
+                                &spec,
+                                std::ptr::null_mut(),
+                            ) != 0
+                            {
+                                end(group);
+                            }
+                            due = false;
+                        }
+                        Some(Message::Disarm) => libc::_exit(0),
+                        Some(Message::Killed) | None => end(group),
                     }
-                    ((at - now) / 1_000_000 + 1).min(GUARD_MAX_WAIT_MS) as libc::c_int
+                } else if n < 0 && errno() == libc::EAGAIN {
+                    break;
+                } else if !(n < 0 && errno() == libc::EINTR) {
+                    // End of file (nobody will disarm the guard), or a socket that failed.
+                    end(group);
                 }
-            };
-            let mut ready = libc::pollfd { fd: rx, events: libc::POLLIN, revents: 0 };
-            match libc::poll(&mut ready, 1, wait_ms) {
-                0 => continue,
-                n if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => continue,
-                n if n < 0 => break,
-                _ => {}
             }
-            let mut message = [0u8; MESSAGE_LEN];
-            let n = libc::read(rx, message.as_mut_ptr().cast(), MESSAGE_LEN);
-            if n == MESSAGE_LEN as isize {
-                match Message::decode(message) {
-                    Some(Message::Group(pid)) => group = Some(pid),
-                    Some(Message::KillAt(at)) => kill_at = Some(at),
-                    Some(Message::Disarm) => libc::_exit(0),
-                    None => break,
-                }
-            } else if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
-                // Not expected (every signal is blocked), but harmless.
-                continue;
-            } else {
-                // End of file: nobody will disarm the guard.
-                break;
+            let mut fired = 0u64;
+            if libc::read(fds.timer, (&mut fired as *mut u64).cast(), 8) == 8 && fired > 0 {
+                due = true;
             }
+            if let (true, Some(group)) = (due, group) {
+                libc::kill(-group, libc::SIGKILL);
+                libc::send(
+                    fds.sock,
+                    Message::Killed.encode().as_ptr().cast(),
+                    MESSAGE_LEN,
+                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                );
+                due = false;
+            }
+            let mut ready = [
+                libc::pollfd { fd: fds.sock, events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: fds.timer, events: libc::POLLIN, revents: 0 },
+            ];
+            libc::poll(ready.as_mut_ptr(), 2, -1);
         }
-        // End of file, or a socket that failed.
-        kill_group(group);
-        libc::_exit(0);
     }
+}
+
+/// The guard's last act: SIGKILL to the group if it knows it, then exit.
+fn end(group: Option<libc::pid_t>) -> ! {
+    // SAFETY: a system call and `_exit`, async-signal-safe.
+    unsafe {
+        if let Some(group) = group {
+            libc::kill(-group, libc::SIGKILL);
+        }
+        libc::_exit(0)
+    }
+}
+
+/// This thread's `errno`, read without allocating.
+fn errno() -> libc::c_int {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
 /// Whether the process group `group` has no member left. `EPERM` (members this process may not
