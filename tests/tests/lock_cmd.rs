@@ -249,15 +249,24 @@ async fn a_stopped_guard_is_replaced() {
 
 /// SIGSTOP to the first wrapper (as a debugger or a Ctrl-Z would stop it): it can do nothing at
 /// the deadline, and its guard sends SIGKILL to CMD's group at the wrapper's own SIGKILL instant.
-/// The second CMD finds nothing of the first alive; resumed, the first wrapper says the lock was
-/// lost (123).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_wrapper_has_cmd_killed_by_its_guard_before_the_deadline() {
+/// CMD first runs past its first deadline, so the guard must have followed the renewals. The
+/// second CMD finds nothing of the first alive; resumed, the first wrapper says the lock was lost
+/// (123). With `guard_stopped_first`, the guard is stopped (and replaced) first, so the
+/// replacement must have been told the latest instant.
+async fn stopped_wrapper(guard_stopped_first: bool) {
     let cluster = started().await;
     let marks = Marks::new(&cluster, "marks");
     let mut first = Wrapper::start(&cluster, 1, "cmd/stopped", &[], &marks.first());
     let pids = marks.first_running().await;
-    guard_of(&first, None).await;
+    let guard = guard_of(&first, None).await;
+    // Past the first deadline (`--ttl 3s`): renewed, and the guard told so.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(alive(&pids), "CMD was stopped although its lock was renewed");
+    if guard_stopped_first {
+        let pid = rustix::process::Pid::from_raw(guard).expect("a pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::STOP).expect("stop the guard");
+        guard_of(&first, Some(guard)).await;
+    }
     let mut second = Wrapper::start(&cluster, 3, "cmd/stopped", &[], &marks.second());
     first.signal(rustix::process::Signal::STOP);
     let second_status = second.exit().await;
@@ -267,6 +276,16 @@ async fn a_stopped_wrapper_has_cmd_killed_by_its_guard_before_the_deadline() {
     first.signal(rustix::process::Signal::CONT);
     let status = first.exit().await;
     assert_eq!(code(status), Some(123), "the resumed wrapper says the lock was lost: {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_wrapper_has_cmd_killed_by_its_guard_before_the_deadline() {
+    stopped_wrapper(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_guard_is_replaced_by_one_told_the_latest_deadline() {
+    stopped_wrapper(true).await;
 }
 
 /// The first wrapper's node fails under it (`fail` is given the cluster): the wrapper stops CMD

@@ -55,10 +55,16 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
 pub struct GroupGuard {
     /// This process's end of the socket (close-on-exec: CMD does not keep it).
     sock: OwnedFd,
-    /// The guard's pid.
-    pid: Pid,
+    /// The guard's pid, until it is reaped (never signalled after: the pid may be reused).
+    pid: Option<Pid>,
     /// The last instant sent with [`GroupGuard::kill_at`], for a replacement.
     kill_at: Option<u64>,
+    /// A guard (this one or one it replaced) said it killed the group at its instant.
+    said_killed: bool,
+    /// Guards killed to be replaced and not reaped yet (reaped without waiting, later).
+    dying: Vec<Pid>,
+    /// The last replacement failed and was reported; the next ones are tried quietly.
+    failing: bool,
 }
 
 /// The guard's name: `/proc/PID/comm`, and its command line.
@@ -146,7 +152,14 @@ impl GroupGuard {
             forked?
         };
         let pid = Pid::from_raw(pid).ok_or_else(|| std::io::Error::other("fork returned no pid"))?;
-        Ok(GroupGuard { sock, pid, kill_at: None })
+        Ok(GroupGuard {
+            sock,
+            pid: Some(pid),
+            kill_at: None,
+            said_killed: false,
+            dying: Vec::new(),
+            failing: false,
+        })
     }
 
     /// Makes the child `command` starts lead a process group of its own and tell the guard
@@ -175,31 +188,43 @@ impl GroupGuard {
         Message::KillAt(at).send(self.sock.as_fd())
     }
 
-    /// Whether the guard said it killed the group at its instant (reads what it sent).
-    pub fn killed(&self) -> bool {
-        let mut said = false;
+    /// Whether a guard said it killed the group at its instant (reads what it sent).
+    pub fn killed(&mut self) -> bool {
         let mut bytes = [0u8; MESSAGE_LEN];
         while let Ok((_, MESSAGE_LEN)) =
             rustix::net::recv(&self.sock, &mut bytes, rustix::net::RecvFlags::DONTWAIT)
         {
-            said |= matches!(Message::decode(bytes), Some(Message::Killed));
+            self.said_killed |= matches!(Message::decode(bytes), Some(Message::Killed));
         }
-        said
+        self.said_killed
     }
 
     /// Replaces the guard for `group` if it died, stopped, or (`stuck`) could not be told its
-    /// last instant; says so on stderr.
+    /// last instant; says so on stderr. Never waits for a guard.
     pub fn check(&mut self, group: Pid, stuck: bool) {
-        let why = match rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG | WaitOptions::UNTRACED)
+        self.dying
+            .retain(|&pid| matches!(rustix::process::waitpid(Some(pid), WaitOptions::NOHANG), Ok(None)));
+        let why = match self
+            .pid
+            .map(|pid| rustix::process::waitpid(Some(pid), WaitOptions::NOHANG | WaitOptions::UNTRACED))
         {
-            Ok(None) if !stuck => return,
-            Ok(None) => "could not be told the lock's new deadline",
-            Ok(Some((_, status))) if status.stopped() => "was stopped",
-            Ok(Some(_)) | Err(_) => "was killed",
+            Some(Ok(None)) if !stuck => return,
+            Some(Ok(None)) => "could not be told the lock's new deadline",
+            Some(Ok(Some((_, status)))) if status.stopped() => "was stopped",
+            // Reaped now (or gone before): its pid is free, and must not be signalled.
+            Some(Ok(Some(_)) | Err(_)) => {
+                self.pid = None;
+                "was killed"
+            }
+            None => "could not be replaced",
         };
-        // Gone for good before another takes over (SIGKILL ends a stopped process too).
-        let _ = rustix::process::kill_process(self.pid, rustix::process::Signal::KILL);
-        let _ = rustix::process::waitpid(Some(self.pid), WaitOptions::empty());
+        if let Some(pid) = self.pid.take() {
+            // Still ours (not reaped): gone for good before another takes over; SIGKILL ends a
+            // stopped process too.
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+            self.dying.push(pid);
+        }
+        self.killed(); // what it said before it goes, with its socket
         let replaced = GroupGuard::start().and_then(|mut new| {
             Message::Group(group).send(new.sock.as_fd())?;
             if let Some(at) = self.kill_at {
@@ -208,24 +233,33 @@ impl GroupGuard {
             Ok(new)
         });
         match replaced {
-            Ok(new) => {
+            Ok(mut new) => {
                 eprintln!(
-                    "keyhome lock: the guard of CMD's process group (pid {}) {why}; started another (pid {})",
-                    self.pid.as_raw_nonzero(),
-                    new.pid.as_raw_nonzero()
+                    "keyhome lock: the guard of CMD's process group {why}; started another (pid {})",
+                    new.pid.map_or(0, |pid| pid.as_raw_nonzero().get())
                 );
+                new.said_killed = self.said_killed;
+                new.dying = std::mem::take(&mut self.dying);
                 *self = new;
             }
-            Err(e) => eprintln!(
-                "keyhome lock: the guard of CMD's process group (pid {}) {why}, and no other could be \
-                 started ({e}): if this process is killed or stopped, CMD's group runs on",
-                self.pid.as_raw_nonzero()
-            ),
+            Err(e) => {
+                if !self.failing {
+                    eprintln!(
+                        "keyhome lock: the guard of CMD's process group {why}, and no other could be \
+                         started ({e}): until one is, if this process is killed or stopped, CMD's group \
+                         runs on"
+                    );
+                }
+                self.failing = true;
+            }
         }
     }
 
     /// CMD's group is empty (or was never started): the guard exits without signalling anything.
-    pub fn disarm(self) {
+    pub fn disarm(mut self) {
+        // Read first: closing a socket with unread messages resets the guard's end before it
+        // could read the disarm.
+        self.killed();
         let _ = Message::Disarm.send(self.sock.as_fd());
     }
 }
@@ -313,7 +347,8 @@ unsafe fn guard(fds: Fds, title: std::ops::Range<usize>) -> ! {
                     }
                 } else if n < 0 && errno() == libc::EAGAIN {
                     break;
-                } else if !(n < 0 && errno() == libc::EINTR) {
+                } else if !(n < 0 && matches!(errno(), libc::EINTR | libc::ECONNRESET)) {
+                    // (A reset is reported once, ahead of what is still queued, a disarm say.)
                     // End of file (nobody will disarm the guard), or a socket that failed.
                     end(group);
                 }
@@ -323,13 +358,14 @@ unsafe fn guard(fds: Fds, title: std::ops::Range<usize>) -> ! {
                 due = true;
             }
             if let (true, Some(group)) = (due, group) {
-                libc::kill(-group, libc::SIGKILL);
+                // Said first, so that a wrapper that finds the group empty has the word too.
                 libc::send(
                     fds.sock,
                     Message::Killed.encode().as_ptr().cast(),
                     MESSAGE_LEN,
                     libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
                 );
+                libc::kill(-group, libc::SIGKILL);
                 due = false;
             }
             let mut ready = [
