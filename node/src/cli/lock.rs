@@ -50,7 +50,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::process::{GroupGuard, group_is_empty};
+use super::process::GroupGuard;
 
 /// CMD was stopped because the lock was ending (not renewed in time, or lost).
 pub const EXIT_LOST: u8 = 123;
@@ -380,15 +380,16 @@ impl Group {
                 self.status = Some(status);
             }
         }
-        let empty = self.status.is_some() && group_is_empty(self.leader);
-        if let Some(guard) = &mut self.guard {
-            self.guard_killed |= guard.killed();
-            if !empty {
-                guard.check(self.leader, false);
+        // `EPERM` (members this process may not signal, such as a set-user-ID program) is not
+        // empty: only `ESRCH` is.
+        let empty = self.status.is_some()
+            && matches!(rustix::process::test_kill_process_group(self.leader), Err(rustix::io::Errno::SRCH));
+        if empty {
+            if let Some(guard) = self.guard.take() {
+                self.guard_killed = guard.disarm();
             }
-        }
-        if empty && let Some(guard) = self.guard.take() {
-            guard.disarm();
+        } else if let Some(guard) = &mut self.guard {
+            guard.check(self.leader, false);
         }
         empty
     }

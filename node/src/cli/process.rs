@@ -3,7 +3,6 @@
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 
-use rustix::io::Errno;
 use rustix::net::{AddressFamily, SendFlags, SocketFlags, SocketType};
 use rustix::process::{Pid, WaitOptions};
 
@@ -41,8 +40,9 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
 ///   the guard knows the group before anything in it runs;
 /// - [`GroupGuard::kill_at`] sends the instant (a `CLOCK_BOOTTIME` reading) by which the group
 ///   must be gone: the guard sends SIGKILL to the group then, unless a later instant came first
-///   (it reads every message before it looks at the timer), and says so ([`GroupGuard::killed`]);
-/// - [`GroupGuard::disarm`] says the group is empty, and the guard exits quietly;
+///   (it reads every message before it looks at the timer), and says so;
+/// - [`GroupGuard::disarm`] says the group is empty, and the guard exits quietly; it returns
+///   whether a guard said it killed the group;
 /// - end of file (every other end closed: this process died, or left without disarming) makes the
 ///   guard send SIGKILL to the group, then exit.
 ///
@@ -188,15 +188,14 @@ impl GroupGuard {
         Message::KillAt(at).send(self.sock.as_fd())
     }
 
-    /// Whether a guard said it killed the group at its instant (reads what it sent).
-    pub fn killed(&mut self) -> bool {
+    /// Reads what the guard sent: whether it killed the group at its instant.
+    fn read_word(&mut self) {
         let mut bytes = [0u8; MESSAGE_LEN];
         while let Ok((_, MESSAGE_LEN)) =
             rustix::net::recv(&self.sock, &mut bytes, rustix::net::RecvFlags::DONTWAIT)
         {
             self.said_killed |= matches!(Message::decode(bytes), Some(Message::Killed));
         }
-        self.said_killed
     }
 
     /// Replaces the guard for `group` if it died, stopped, or (`stuck`) could not be told its
@@ -224,7 +223,7 @@ impl GroupGuard {
             let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
             self.dying.push(pid);
         }
-        self.killed(); // what it said before it goes, with its socket
+        self.read_word(); // what it said before it goes, with its socket
         let replaced = GroupGuard::start().and_then(|mut new| {
             Message::Group(group).send(new.sock.as_fd())?;
             if let Some(at) = self.kill_at {
@@ -256,11 +255,14 @@ impl GroupGuard {
     }
 
     /// CMD's group is empty (or was never started): the guard exits without signalling anything.
-    pub fn disarm(mut self) {
+    /// Returns whether a guard said it killed the group at its instant (this process was held up
+    /// past it).
+    pub fn disarm(mut self) -> bool {
         // Read first: closing a socket with unread messages resets the guard's end before it
         // could read the disarm.
-        self.killed();
+        self.read_word();
         let _ = Message::Disarm.send(self.sock.as_fd());
+        self.said_killed
     }
 }
 
@@ -359,12 +361,7 @@ unsafe fn guard(fds: Fds, title: std::ops::Range<usize>) -> ! {
             }
             if let (true, Some(group)) = (due, group) {
                 // Said first, so that a wrapper that finds the group empty has the word too.
-                libc::send(
-                    fds.sock,
-                    Message::Killed.encode().as_ptr().cast(),
-                    MESSAGE_LEN,
-                    libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                );
+                let _ = Message::Killed.send(BorrowedFd::borrow_raw(fds.sock));
                 libc::kill(-group, libc::SIGKILL);
                 due = false;
             }
@@ -391,10 +388,4 @@ fn end(group: Option<libc::pid_t>) -> ! {
 /// This thread's `errno`, read without allocating.
 fn errno() -> libc::c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-/// Whether the process group `group` has no member left. `EPERM` (members this process may not
-/// signal, such as a set-user-ID program) is not empty.
-pub fn group_is_empty(group: Pid) -> bool {
-    matches!(rustix::process::test_kill_process_group(group), Err(Errno::SRCH))
 }
