@@ -164,7 +164,7 @@ impl GroupGuard {
 
     /// Makes the child `command` starts lead a process group of its own and tell the guard
     /// before it execs. Set [`die_with_this_process`] first: its check that this process still
-    /// runs comes before. Spawning fails (`EPIPE`) if the guard is gone.
+    /// runs comes before. Spawning fails (`ECONNRESET`, or `EPIPE`) if the guard is gone.
     pub fn arm(&self, command: &mut std::process::Command) {
         let sock = self.sock.as_raw_fd();
         command.process_group(0);
