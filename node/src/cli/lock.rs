@@ -244,10 +244,8 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Ok(pid) => pid,
         Err(e) => {
             guard.disarm();
-            // The child tells the guard its group before it execs: `ECONNRESET` (the guard left
-            // messages unread) or `EPIPE` there means the guard had ended (killed from outside)
-            // before CMD could start. That is keyhome's failure, not CMD's.
-            if matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe) {
+            // keyhome's failure, not CMD's.
+            if GroupGuard::gone_before_spawn(&e) {
                 let _ = held.unlock(None).await;
                 return Err(format!(
                     "the guard process of CMD's group ended before CMD started ({e}); CMD did not run"

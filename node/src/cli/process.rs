@@ -180,6 +180,14 @@ impl GroupGuard {
         }
     }
 
+    /// Whether `e`, from spawning a command [`GroupGuard::arm`] prepared, says that the guard had
+    /// ended (killed from outside) before the command could start: the child's message to it
+    /// found the socket reset (`ECONNRESET`: the guard ended with messages unread) or closed
+    /// (`EPIPE`). The command did not run.
+    pub fn gone_before_spawn(e: &std::io::Error) -> bool {
+        matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe)
+    }
+
     /// The group must be gone by `at`, a `CLOCK_BOOTTIME` reading in nanoseconds (the
     /// wrapper's own SIGKILL instant): replaces any earlier instant. Fails if the guard cannot be
     /// told (gone, or not reading); [`GroupGuard::check`] then replaces it, telling the new one.
@@ -388,4 +396,44 @@ fn end(group: Option<libc::pid_t>) -> ! {
 /// This thread's `errno`, read without allocating.
 fn errno() -> libc::c_int {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A guard killed before CMD starts fails the start: nothing would kill CMD's group if the
+    /// wrapper died. (Checked able to fail: with `arm`'s message to the guard left out, CMD
+    /// starts and this test fails.)
+    #[test]
+    fn cmd_does_not_start_once_its_guard_is_gone() {
+        let mut guard = GroupGuard::start().expect("fork a guard");
+        guard.kill_at(u64::MAX).expect("tell the guard an instant");
+        let pid = guard.pid.expect("the guard's pid");
+        rustix::process::kill_process(pid, rustix::process::Signal::KILL).expect("kill the guard");
+        // Reaped only once it has exited, which closed its end of the socket.
+        rustix::process::waitpid(Some(pid), WaitOptions::empty()).expect("reap the guard");
+        let mut command = std::process::Command::new("true");
+        guard.arm(&mut command);
+        match command.spawn() {
+            Ok(mut child) => {
+                let _ = child.wait();
+                panic!("CMD started although its guard was gone");
+            }
+            Err(e) => assert!(GroupGuard::gone_before_spawn(&e), "an error that names the guard: {e}"),
+        }
+    }
+
+    /// The same start with the guard alive: CMD runs, leading a process group of its own.
+    #[test]
+    fn cmd_starts_in_a_group_of_its_own_while_its_guard_runs() {
+        let guard = GroupGuard::start().expect("fork a guard");
+        let mut command = std::process::Command::new("true");
+        guard.arm(&mut command);
+        let mut child = command.spawn().expect("CMD starts");
+        let pid = Pid::from_raw(child.id() as i32).expect("a pid");
+        assert_eq!(rustix::process::getpgid(Some(pid)).ok(), Some(pid), "CMD leads its own group");
+        assert!(child.wait().expect("CMD ends").success());
+        assert!(!guard.disarm(), "the guard killed nothing");
+    }
 }
