@@ -1,8 +1,6 @@
 //! The holder side of delegations, driven by hand: a scripted [`Authority`] and a fake home that
 //! the tests answer for, message by message, on an explicit clock.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -14,33 +12,10 @@ use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- allocation counting (rule 8) ----
 
-/// Counts allocations per thread, so tests running in parallel do not disturb each other.
-struct Counting;
-
-thread_local! {
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.with(|c| c.set(c.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocations() -> u64 {
-    ALLOCS.with(Cell::get)
-}
+#[allow(dead_code)] // each includer reads one of its two counts
+#[path = "support/counting.rs"]
+mod counting;
+use counting::allocations;
 
 // ---- the scripted world ----
 

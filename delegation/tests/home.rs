@@ -3,8 +3,6 @@
 //! Every test names the rule of `delegation::home` it pins down; each would fail if the rule
 //! were broken.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -18,47 +16,10 @@ use keyhome_epoch::{Instant, NodeId, Timing};
 
 // ---- a counting allocator, per thread, for the memory test ----
 
-struct Counting;
-
-thread_local! {
-    static ALLOCATED: Cell<isize> = const { Cell::new(0) };
-}
-
-fn count(delta: isize) {
-    let _ = ALLOCATED.try_with(|a| a.set(a.get() + delta));
-}
-
-// SAFETY: every call is forwarded to `System` unchanged; the counter is a thread-local `Cell`
-// with a const initialiser and no destructor, so updating it never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            count(layout.size() as isize);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) };
-        count(-(layout.size() as isize));
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            count(new_size as isize - layout.size() as isize);
-        }
-        p
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-fn allocated() -> isize {
-    ALLOCATED.with(|a| a.get())
-}
+#[allow(dead_code)] // each includer reads one of its two counts
+#[path = "support/counting.rs"]
+mod counting;
+use counting::allocated;
 
 // ---- the scripted epoch layer ----
 
