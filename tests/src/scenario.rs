@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keyhome_epoch::{Bugs, EpochRecord, Member, Timing};
+use keyhome_epoch::{Bugs, Change, EpochRecord, Member, Timing};
 use keyhome_ring::NodeId;
 
 use crate::rng::Rng;
@@ -322,6 +322,35 @@ impl Scenario {
             trace: options.trace,
             keys: (0..24).map(|i| format!("key-{i}").into_bytes()).collect(),
             timings,
+        }
+    }
+
+    /// The newest of the epochs the nodes know (`known`, in slot order: on a tie, the last), or
+    /// the genesis when there is none.
+    pub fn newest(&self, known: impl Iterator<Item = EpochRecord>) -> EpochRecord {
+        known.max_by_key(|r| r.number).unwrap_or_else(|| self.genesis.clone())
+    }
+
+    /// A change an operator might ask for, judged against `newest`: adding one of `nodes` (every
+    /// node of the run, in slot order) that is no member, removing a member of an epoch of more
+    /// than two, replacing a member, or else switching to [`Scenario::other_timing`].
+    pub fn random_change(
+        &self,
+        rng: &mut Rng,
+        newest: &EpochRecord,
+        nodes: impl Iterator<Item = NodeId>,
+    ) -> Change {
+        let members: Vec<NodeId> = newest.member_ids().collect();
+        let spares: Vec<NodeId> = nodes.filter(|id| !newest.is_member(*id)).collect();
+        let member = |id: NodeId| Member { id, addr: format!("127.0.0.1:{}", 7000 + id.0) };
+        match rng.range(0, 3) {
+            0 if !spares.is_empty() => Change::Add(member(rng.pick(&spares).unwrap_or(NodeId(1)))),
+            1 if members.len() > 2 => Change::Remove(rng.pick(&members).unwrap_or(NodeId(1))),
+            2 if !spares.is_empty() => Change::Replace {
+                old: rng.pick(&members).unwrap_or(NodeId(1)),
+                new: member(rng.pick(&spares).unwrap_or(NodeId(1))),
+            },
+            _ => Change::SetTiming(self.other_timing(&newest.timing)),
         }
     }
 

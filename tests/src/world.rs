@@ -390,32 +390,16 @@ impl World {
         }
     }
 
-    /// The newest epoch any node knows.
+    /// The newest epoch any node knows, in memory or on its disk.
     fn newest(&self) -> EpochRecord {
-        self.slots
-            .iter()
-            .filter_map(|s| s.core.as_ref().map(|c| c.current()))
-            .chain(self.slots.iter().map(|s| s.durable.current.clone()))
-            .max_by_key(|r| r.number)
-            .unwrap_or_else(|| self.scenario.genesis.clone())
+        let current = self.slots.iter().filter_map(|s| s.core.as_ref().map(|c| c.current()));
+        self.scenario.newest(current.chain(self.slots.iter().map(|s| s.durable.current.clone())))
     }
 
     /// A change an operator might ask for, judged against the newest epoch.
     fn random_change(&mut self) -> Change {
         let newest = self.newest();
-        let members: Vec<NodeId> = newest.member_ids().collect();
-        let spares: Vec<NodeId> =
-            self.slots.iter().map(|s| s.id).filter(|id| !newest.is_member(*id)).collect();
-        let member = |id: NodeId| keyhome_epoch::Member { id, addr: format!("127.0.0.1:{}", 7000 + id.0) };
-        match self.rng.range(0, 3) {
-            0 if !spares.is_empty() => Change::Add(member(self.rng.pick(&spares).unwrap_or(NodeId(1)))),
-            1 if members.len() > 2 => Change::Remove(self.rng.pick(&members).unwrap_or(NodeId(1))),
-            2 if !spares.is_empty() => Change::Replace {
-                old: self.rng.pick(&members).unwrap_or(NodeId(1)),
-                new: member(self.rng.pick(&spares).unwrap_or(NodeId(1))),
-            },
-            _ => Change::SetTiming(self.scenario.other_timing(&newest.timing)),
-        }
+        self.scenario.random_change(&mut self.rng, &newest, self.slots.iter().map(|s| s.id))
     }
 
     /// Asks node `i` for `change`; true when it took it. A one-member epoch decides inside the
