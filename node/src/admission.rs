@@ -410,7 +410,9 @@ pub struct Budget {
 
 /// What hostile load caused, counted for `keyhome status` and logged at a bounded rate.
 pub struct Incidents {
+    /// Refused before any cryptography; [`Incidents::fill`] adds `handshakes_failed`.
     handshakes_refused: AtomicU64,
+    handshakes_failed: AtomicU64,
     handshakes_retried: AtomicU64,
     handshakes_throttled: AtomicU64,
     connections_refused: AtomicU64,
@@ -429,8 +431,11 @@ pub struct Incidents {
 /// One kind of incident.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Incident {
-    /// A handshake failed or was refused (certificate, per-address cap, hard limit, wrong role).
+    /// An attempt was refused before any cryptography (per-address cap, hard limit).
     HandshakeRefused,
+    /// A handshake ran (the node did its TLS cryptography) and ended without a connection: a
+    /// certificate refused, a role on the wrong protocol, the client's close, the idle timeout.
+    HandshakeFailed,
     /// A retry was sent to validate an address.
     HandshakeRetried,
     /// An attempt was dropped unanswered: its address failed too many handshakes lately.
@@ -451,6 +456,7 @@ impl Default for Incidents {
     fn default() -> Incidents {
         Incidents {
             handshakes_refused: AtomicU64::new(0),
+            handshakes_failed: AtomicU64::new(0),
             handshakes_retried: AtomicU64::new(0),
             handshakes_throttled: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
@@ -469,6 +475,7 @@ impl Incidents {
     fn counter(&self, incident: Incident) -> &AtomicU64 {
         match incident {
             Incident::HandshakeRefused => &self.handshakes_refused,
+            Incident::HandshakeFailed => &self.handshakes_failed,
             Incident::HandshakeRetried => &self.handshakes_retried,
             Incident::HandshakeThrottled => &self.handshakes_throttled,
             Incident::ConnectionRefused => &self.connections_refused,
@@ -482,9 +489,10 @@ impl Incidents {
     /// The rate-limited log an incident is reported in (`None`: counted only).
     fn log(&self, incident: Incident) -> Option<&RateLog> {
         match incident {
-            Incident::HandshakeRefused | Incident::HandshakeThrottled | Incident::ConnectionRefused => {
-                Some(&self.handshake_log)
-            }
+            Incident::HandshakeRefused
+            | Incident::HandshakeFailed
+            | Incident::HandshakeThrottled
+            | Incident::ConnectionRefused => Some(&self.handshake_log),
             Incident::RequestMalformed | Incident::RequestTimedOut => Some(&self.request_log),
             Incident::PeerLinkClosed => Some(&self.link_log),
             Incident::HandshakeRetried | Incident::DuplicateId => None,
@@ -509,7 +517,8 @@ impl Incidents {
     /// Copies the counts into `counters`.
     pub fn fill(&self, counters: &mut Counters) {
         let get = |i| self.counter(i).load(Ordering::Relaxed);
-        counters.handshakes_refused = get(Incident::HandshakeRefused);
+        counters.handshakes_failed = get(Incident::HandshakeFailed);
+        counters.handshakes_refused = get(Incident::HandshakeRefused) + counters.handshakes_failed;
         counters.handshakes_retried = get(Incident::HandshakeRetried);
         counters.handshakes_throttled = get(Incident::HandshakeThrottled);
         counters.connections_refused = get(Incident::ConnectionRefused);
@@ -523,6 +532,18 @@ impl Incidents {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_handshakes_are_refused_ones_that_ran() {
+        let incidents = Incidents::default();
+        let remote: SocketAddr = "127.0.0.9:4000".parse().unwrap();
+        incidents.report(Incident::HandshakeRefused, remote, "over the per-address cap");
+        incidents.report(Incident::HandshakeFailed, remote, "no certificate");
+        incidents.report(Incident::HandshakeFailed, remote, "closed halfway");
+        let mut counters = Counters::default();
+        incidents.fill(&mut counters);
+        assert_eq!((counters.handshakes_refused, counters.handshakes_failed), (3, 2));
+    }
 
     fn limits() -> Limits {
         Limits {

@@ -857,7 +857,7 @@ async fn serve_connection(
     let failed = |proven| shared.admission.handshake_failed(std::time::Instant::now(), remote.ip(), proven);
     let refuse = |conn: &quinn::Connection, code: CloseCode, reason: &str| {
         failed(true);
-        incidents.report(Incident::HandshakeRefused, remote, reason);
+        incidents.report(Incident::HandshakeFailed, remote, reason);
         conn.close(code.into(), reason.as_bytes());
     };
     let conn = match incoming.await {
@@ -866,7 +866,7 @@ async fn serve_connection(
             if !matches!(e, quinn::ConnectionError::TimedOut) {
                 failed(validated || pki::refused_certificate(&e));
             }
-            return incidents.report(Incident::HandshakeRefused, remote, format!("handshake failed: {e}"));
+            return incidents.report(Incident::HandshakeFailed, remote, format!("handshake failed: {e}"));
         }
     };
     drop(handshake);

@@ -31,9 +31,15 @@ pub struct Counters {
     pub delegation_received: u64,
     /// Handshakes refused: a certificate the node does not accept, a certificate role on the
     /// wrong protocol, an address over `limits.max_handshakes_per_addr`, or dropped unanswered at
-    /// `limits.max_handshakes`.
+    /// `limits.max_handshakes` (`handshakes_failed` included).
     #[serde(default)]
     pub handshakes_refused: u64,
+    /// Of `handshakes_refused`, those the node ran (its TLS cryptography) before they failed: a
+    /// certificate refused, a role on the wrong protocol, the client's close, the idle timeout.
+    /// The rest cost no cryptography. A failing address's bucket
+    /// (`limits.failed_handshakes_per_addr`) bounds these, not the cheap refusals.
+    #[serde(default)]
+    pub handshakes_failed: u64,
     /// Connection attempts asked to validate their address first (QUIC retry), above
     /// `limits.retry_handshakes_above` handshakes in progress.
     #[serde(default)]
@@ -271,9 +277,10 @@ impl std::fmt::Display for Status {
         )?;
         write!(
             f,
-            "refused: {} handshakes ({} retried, {} more dropped from failing addresses), {} connections over a cap, {} malformed and {} timed-out \
+            "refused: {} handshakes ({} after running, {} retried, {} more dropped from failing addresses), {} connections over a cap, {} malformed and {} timed-out \
              requests, {} peer connections closed",
             c.handshakes_refused,
+            c.handshakes_failed,
             c.handshakes_retried,
             c.handshakes_throttled,
             c.connections_refused,

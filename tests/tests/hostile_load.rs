@@ -280,10 +280,14 @@ async fn unauthenticated_handshakes_are_refused_quietly(cluster: &Cluster, targe
     .await;
     let status = wait_load(cluster, "the flood's handshakes ended", |s| s.load.handshakes == 0).await;
     let refused = status.counters.handshakes_refused - before.handshakes_refused;
+    // Of those, the handshakes the node ran (refusals at the per-address cap cost none: how many
+    // there are depends on how fast the node frees a slot against how fast the attacker retries).
+    let failed = status.counters.handshakes_failed - before.handshakes_failed;
     let throttled = status.counters.handshakes_throttled - before.handshakes_throttled;
     let lines = log_lines(cluster, 1, "handshakes refused") - lines_before;
     println!(
-        "handshake flood: {flood:?}, {refused} refused, {throttled} dropped unanswered, {lines} log lines"
+        "handshake flood: {flood:?}, {refused} refused ({failed} after running), {throttled} dropped unanswered, \
+         {lines} log lines"
     );
     assert!(flood.attempts >= 20, "the flood made too few attempts to show anything: {flood:?}");
     assert!(refused + throttled >= flood.attempts / 2, "{refused} + {throttled} of {flood:?} refused");
@@ -291,7 +295,7 @@ async fn unauthenticated_handshakes_are_refused_quietly(cluster: &Cluster, targe
     // attempts in progress when its bucket ran out and those that ended by the attacker's close
     // before it had to validate its address; every attempt after that costs no handshake.
     let most = endpoints.len() as u64 * (u64::from(FAILED_PER_ADDR) + 2 + 2 * PER_ADDR_HANDSHAKES as u64);
-    assert!(refused <= most, "{refused} handshakes ran and failed (at most {most}): {flood:?}");
+    assert!(failed <= most, "{failed} handshakes ran and failed (at most {most}): {flood:?}");
     assert!(throttled > 0, "addresses that kept failing were dropped: {flood:?}");
     assert!(lines <= 4, "{lines} log lines for {refused} refused handshakes");
 }

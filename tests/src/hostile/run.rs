@@ -178,11 +178,13 @@ async fn unauthenticated_handshakes(cluster: &Cluster, target: &Arc<Target>, hol
     let flood = attack::handshake_flood(&endpoints, target, &configs, 32, hold, FLOOD_PATIENCE).await;
     let after = cluster.status(1).await.counters;
     format!(
-        "{} attempts ({} given up after {} ms): {} refused after a handshake, {} dropped unanswered, {} retried",
+        "{} attempts ({} given up after {} ms): {} refused, {} of them after a handshake, {} dropped \
+         unanswered, {} retried",
         flood.attempts,
         flood.abandoned,
         FLOOD_PATIENCE.as_millis(),
         after.handshakes_refused - before.handshakes_refused,
+        after.handshakes_failed - before.handshakes_failed,
         after.handshakes_throttled - before.handshakes_throttled,
         after.handshakes_retried - before.handshakes_retried
     )
