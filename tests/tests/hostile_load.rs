@@ -236,10 +236,14 @@ async fn half_open_handshakes_are_capped_and_retried(cluster: &Cluster, target: 
     })
     .await;
     let _refused = attack::replay_initials(&rest[..1], ip("127.0.0.2"), target.addr).await;
-    wait_load(cluster, "a handshake over the per-address cap refused", |s| {
+    let status = wait_load(cluster, "a handshake over the per-address cap refused", |s| {
         s.counters.handshakes_refused == before.handshakes_refused + 1
     })
     .await;
+    assert_eq!(
+        status.counters.handshakes_failed, before.handshakes_failed,
+        "refused before any cryptography"
+    );
     let _other = attack::replay_initials(&rest[1..2], ip("127.0.0.3"), target.addr).await;
     wait_load(cluster, "another address's handshake in progress", |s| {
         s.load.handshakes as usize == RETRY_ABOVE
@@ -390,6 +394,7 @@ async fn at_the_hard_limit_attempts_are_dropped_unanswered() {
     })
     .await;
     assert_eq!(status.load.handshakes as usize, MAX, "it holds no handshake");
+    assert_eq!(status.counters.handshakes_failed, before.handshakes_failed, "it ran none");
     assert_eq!(status.counters.handshakes_retried, 0, "and was not retried");
     let silence = tokio::time::timeout(Duration::from_millis(500), over[0].recv(&mut buf)).await;
     assert!(silence.is_err(), "the node answered an attempt over its hard limit: {silence:?}");
