@@ -2,10 +2,11 @@
 //! `keyhome run` processes on loopback, one temporary cluster directory per cluster, every process
 //! killed (SIGKILL, by PID) when the [`Cluster`] is dropped, also when the caller panics.
 //!
-//! - The binary is the `keyhome` of the caller's profile (`target/<profile>/keyhome`), (re)built
-//!   by `$CARGO build -p keyhome` with the shipped feature set (a no-op when fresh); or, for
-//!   showing that a checker catches a bug, one built with the `bug-injection` feature into
-//!   `target/bug-injection/` ([`keyhome_binary_with_bugs`]).
+//! - The binary is the `keyhome` that ships, in the caller's profile, (re)built by
+//!   `deploy/build.sh` (the shipped feature set, linked as it ships:
+//!   `target/<host>/<profile>/keyhome`; a no-op when fresh); or, for showing that a checker
+//!   catches a bug, one built with the `bug-injection` feature into `target/bug-injection/`
+//!   ([`keyhome_binary_with_bugs`]).
 //! - Ports come from outside the kernel's ephemeral range (no client socket can take a node's port
 //!   while the node is down for a restart), from a per-process sequence, each checked free.
 //! - Nothing sleeps a fixed time to let something happen: [`Cluster::wait_status`] and
@@ -583,8 +584,8 @@ fn die_with_parent(command: &mut Command) {
     }
 }
 
-/// The `keyhome` binary of the profile the tests were built in, (re)built by `cargo build -p
-/// keyhome` with the feature set that ships, and checked to be no test build.
+/// The `keyhome` binary of the profile the tests were built in, (re)built by `deploy/build.sh` as
+/// it ships (its feature set, statically linked on glibc), and checked to be no test build.
 pub fn keyhome_binary() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| locate_or_build(false)).clone()
@@ -592,7 +593,7 @@ pub fn keyhome_binary() -> PathBuf {
 
 /// A `keyhome` binary built with the `bug-injection` feature (the node then switches off the
 /// rule its `KEYHOME_INJECT_BUG` variable names), in its own target directory,
-/// `target/bug-injection/<profile>/`, so the ordinary binary is never replaced by it.
+/// `target/bug-injection/`, so the ordinary binary is never replaced by it.
 pub fn keyhome_binary_with_bugs() -> PathBuf {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| locate_or_build(true)).clone()
@@ -602,22 +603,30 @@ fn locate_or_build(bugs: bool) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     // target/<profile>/deps/cluster-<hash> (a test) or target/<profile>/keyhome-chaos (a binary)
     let exe_dir = exe.parent().expect("an executable in a directory");
-    let mut profile_dir =
-        if exe_dir.ends_with("deps") { exe_dir.parent().unwrap_or(exe_dir) } else { exe_dir }.to_path_buf();
+    let profile_dir = if exe_dir.ends_with("deps") { exe_dir.parent().unwrap_or(exe_dir) } else { exe_dir };
+    let profile = profile_dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+    // The caller's target directory (for a `--target` build of the caller, target/<triple>, which
+    // serves as well); the bug-injection build in a directory of its own below it.
+    let mut target_dir = profile_dir.parent().unwrap_or(profile_dir).to_path_buf();
     if bugs {
-        // target/<profile>  →  target/bug-injection/<profile>
-        let profile = profile_dir.file_name().map(ToOwned::to_owned).unwrap_or_default();
-        profile_dir = profile_dir.parent().unwrap_or(&profile_dir).join("bug-injection").join(profile);
+        target_dir = target_dir.join("bug-injection");
     }
-    let binary = profile_dir.join(format!("keyhome{}", std::env::consts::EXE_SUFFIX));
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
-    // Always through `cargo build -p keyhome` (a no-op when fresh): the binary a workspace test
-    // build leaves behind has the simulation's `bug-injection` switches unified into it, and
-    // these tests must run the feature set that ships.
-    {
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut command = Command::new(cargo);
-        command.current_dir(&workspace).args(["build", "-p", "keyhome", "--bin", "keyhome"]);
+    // Always through deploy/build.sh (a no-op when fresh): the binary a workspace test build
+    // leaves behind has the simulation's `bug-injection` switches unified into it and is linked
+    // like the tests, and these tests must run the binary that ships.
+    let binary = {
+        let mut command = Command::new(workspace.join("deploy/build.sh"));
+        command.current_dir(&workspace).arg("--target-dir").arg(&target_dir);
+        match profile {
+            "debug" => {}
+            "release" => {
+                command.arg("--release");
+            }
+            other => {
+                command.args(["--profile", other]);
+            }
+        }
         if bugs {
             command.args(["--features", "bug-injection"]);
         }
@@ -634,23 +643,10 @@ fn locate_or_build(bugs: bool) -> PathBuf {
                 command.env_remove(&*name);
             }
         }
-        // Into the same target/<profile>/ the tests run from (a `--target` build's directory is
-        // target/<triple>/<profile>, so its parent serves as the target directory).
-        if let Some(target_dir) = profile_dir.parent() {
-            command.arg("--target-dir").arg(target_dir);
-        }
-        match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => {}
-            Some("release") => {
-                command.arg("--release");
-            }
-            Some(other) => {
-                command.args(["--profile", other]);
-            }
-        }
-        let status = command.status().expect("run cargo build -p keyhome");
-        assert!(status.success(), "cargo build -p keyhome failed: {status}");
-    }
+        let out = command.stderr(Stdio::inherit()).output().expect("run deploy/build.sh");
+        assert!(out.status.success(), "deploy/build.sh failed: {}", out.status);
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    };
     assert!(binary.exists(), "no keyhome binary at {}", binary.display());
     let version = Command::new(&binary).arg("--version").output().expect("keyhome --version");
     let version = String::from_utf8_lossy(&version.stdout);

@@ -2,7 +2,7 @@
 //! still proving each node's id), `keyhome certs issue` taking a node's address from the genesis
 //! and writing all of an identity's files or none, and the examples in deploy/ (the systemd
 //! unit checked by `systemd-analyze verify` where it exists, the configuration files they ship
-//! loading as the node reads them).
+//! loading as the node reads them), and the binary deploy/build.sh makes needing no dynamic loader.
 
 use keyhome_sim::cluster as harness;
 
@@ -150,6 +150,44 @@ fn certs_issue_takes_the_genesis_address_and_writes_all_or_nothing() {
         .filter(|n| n.ends_with(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "no temporary files left: {leftovers:?}");
+}
+
+/// The binary deploy/build.sh makes (the one these tests run) starts without the dynamic loader
+/// on glibc, where it is linked statically: its program headers name no interpreter.
+#[test]
+fn the_shipped_binary_needs_no_dynamic_loader() {
+    if !cfg!(all(target_os = "linux", any(target_env = "gnu", target_env = "musl"))) {
+        eprintln!("skipped: deploy/build.sh links statically on Linux (glibc, musl) only");
+        return;
+    }
+    let binary = harness::keyhome_binary();
+    let mut head = vec![0; 64 * 1024];
+    let n = std::io::Read::read(&mut std::fs::File::open(&binary).unwrap(), &mut head).unwrap();
+    head.truncate(n);
+    assert_eq!(elf_interpreter(&head), Ok(None), "{} (see deploy/build.sh)", binary.display());
+}
+
+/// The program interpreter an ELF64 little-endian executable names (PT_INTERP), from its first
+/// bytes (the program headers follow the ELF header there).
+fn elf_interpreter(elf: &[u8]) -> Result<Option<String>, &'static str> {
+    const PT_INTERP: u32 = 3;
+    let bytes = |at: usize, len: usize| elf.get(at..at + len).ok_or("cut short");
+    let uint = |at: usize, len: usize| -> Result<usize, &'static str> {
+        let mut le = [0u8; 8];
+        le[..len].copy_from_slice(bytes(at, len)?);
+        usize::try_from(u64::from_le_bytes(le)).map_err(|_| "too large")
+    };
+    if bytes(0, 6)? != b"\x7fELF\x02\x01" {
+        return Err("not an ELF64 little-endian file");
+    }
+    let (phoff, phentsize, phnum) = (uint(32, 8)?, uint(54, 2)?, uint(56, 2)?);
+    for header in (0..phnum).map(|i| phoff + i * phentsize) {
+        if uint(header, 4)? == PT_INTERP as usize {
+            let path = bytes(uint(header + 8, 8)?, uint(header + 32, 8)?)?;
+            return Ok(Some(String::from_utf8_lossy(path).trim_end_matches('\0').to_owned()));
+        }
+    }
+    Ok(None)
 }
 
 #[test]
