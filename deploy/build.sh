@@ -6,8 +6,8 @@
 #
 # On Linux with glibc the binary is linked statically, as a position-independent executable
 # (static-pie, so it keeps address-space randomisation): it needs no shared library at run time,
-# and each start skips the dynamic loader (about 0.3 ms of every `keyhome lock` and `keyhome
-# status` on a 2-vCPU VM; docs/benchmarks.md, "Where the CLI's time goes"). Host names still
+# and each start skips the dynamic loader (about 0.3 ms a start on a 2-vCPU VM, measured on
+# `keyhome --version` and `keyhome lock`; docs/benchmarks.md, "Run M"). Host names still
 # resolve through /etc/hosts and DNS, which glibc serves without loading a module; other
 # nsswitch.conf sources (mdns, ldap, systemd-resolved's `resolve`) are skipped by a static binary
 # (docs/operations.md, "Building"). On musl the target is static already.
@@ -36,9 +36,10 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --target-dir=*) target_dir="${args[i]#--target-dir=}" ;;
     esac
 done
-[ "$profile" = dev ] && profile=debug
-[ "$profile" = test ] && profile=debug
-[ "$profile" = bench ] && profile=release
+case "$profile" in
+dev | test) profile=debug ;;
+bench) profile=release ;;
+esac
 
 "${CARGO:-cargo}" build -p keyhome --bin keyhome --target "$host" "$@" >&2
 binary="$target_dir/$host/$profile/keyhome"

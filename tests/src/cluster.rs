@@ -466,9 +466,17 @@ impl Cluster {
     /// The built `keyhome` binary with `args`, to run in the cluster directory (it dies with the
     /// test).
     pub fn cli_command(&self, args: &[&str]) -> Command {
+        let mut command = self.cli_spawned(args);
+        die_with_parent(&mut command);
+        command
+    }
+
+    /// [`Cluster::cli_command`] without the death signal: std then spawns it (`posix_spawn`)
+    /// instead of forking the caller, as it starts any plain command (for timing a CLI beside
+    /// another system's).
+    pub fn cli_spawned(&self, args: &[&str]) -> Command {
         let mut command = Command::new(&self.binary);
         command.args(args).current_dir(&self.dir).stdin(Stdio::null());
-        die_with_parent(&mut command);
         command
     }
 

@@ -585,22 +585,11 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     let profile = profile.to_string_lossy().into_owned();
     for system in systems_for(Scenario::Cli) {
         let result = match system {
-            // Started as etcdctl is: not by `Cluster::cli_command`, whose death signal (a
-            // `pre_exec`) makes std fork this whole process instead of spawning it, 0.1 to 0.5 ms
-            // a run that etcdctl did not pay (docs/benchmarks.md, run M).
+            // Spawned as etcdctl is: `Cluster::cli_command`'s death signal (a `pre_exec`) makes
+            // std fork this whole process, 0.1 to 0.5 ms a run that etcdctl did not pay
+            // (docs/benchmarks.md, run M).
             System::Keyhome { pipelined: false, .. } => cli_p50(
-                || {
-                    let mut c = std::process::Command::new(keyhome_sim::cluster::keyhome_binary());
-                    c.current_dir(&cluster.dir).args([
-                        "lock",
-                        "--profile",
-                        &profile,
-                        "cli-key",
-                        "--",
-                        "true",
-                    ]);
-                    c
-                },
+                || cluster.cli_spawned(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
                 args.cli_runs,
             ),
             System::Etcd(endpoints) => cli_p50(
