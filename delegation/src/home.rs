@@ -1181,7 +1181,10 @@ impl Home {
         {
             let how = match passed {
                 Some(g) if e.next().is_some_and(|n| n.successor.grantee == g) => Ended::Passed,
-                _ => Ended::Released { note, recovered },
+                // Passed to a successor this home dropped at its end: it may have admitted, and
+                // its last handle may have run out, so its release's note is not this one.
+                Some(_) => Ended::Released { note: None, recovered: true },
+                None => Ended::Released { note, recovered },
             };
             self.end_live(now, &k, &mut e, how, auth);
             self.service(now, &k, &mut e, auth);

@@ -1614,3 +1614,24 @@ fn no_pass_under_lock_delay_nor_to_the_holder_itself() {
     home.handle_message(at(1), A, req(b"k", 2, ms(900)), &auth);
     assert!(matches!(&drain(&mut home)[..], [(A, Body::Recall { next: None, .. })]));
 }
+/// Found by the lock simulation (seed 5087 of `--seeds 20000` with successors chained, one granted
+/// a shorter lease after a timing change): a successor dropped at its own end while the holder before it is
+/// still live may have been passed the key, admitted and let its handle run out. The holder's
+/// release naming it must not hand the holder's own note on as if the handoff were clean.
+#[test]
+fn a_release_passing_to_a_successor_past_its_end_flags_the_next_grant() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, request(1, b"k", 10, ms(100), ms(900), None), &auth);
+    let b = match &drain(&mut home)[..] {
+        [(A, Body::Recall { next: Some(b), .. })] => *b,
+        other => panic!("expected a Recall to A carrying B, got {other:?}"),
+    };
+    home.handle_timeout(end_of(at(1), ms(100)), &auth);
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(A), "B dropped at its end, A still live");
+    home.handle_message(at(200), A, release_passing(b"k", g, Some(b"a"), Some(b.grantee)), &auth);
+    home.handle_message(at(201), C, req(b"k", 20, ms(900)), &auth);
+    let (id, _, _, note, recovered) = the_grant(&mut home, C);
+    assert_eq!((id, note, recovered), (20, None, true), "B may have held the key after A's note");
+}
