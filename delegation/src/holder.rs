@@ -41,7 +41,8 @@
 //! - **The handoff is passed on**: a delegation granted `recovered` and released before any
 //!   admission releases with `recovered: true`; a Recall that overtakes its Grant (while the
 //!   acquisition request is outstanding) is remembered, with the successor it carries, and
-//!   applied when the Grant arrives: the delegation is passed on or released at once.
+//!   applied when the Grant arrives: the delegation admits the locker first in line, if any, once
+//!   (asked at once to unlock), and is passed on or released when that handle ends.
 //!
 //! # Timers
 //!
@@ -1556,13 +1557,22 @@ impl Entry {
         if now >= d.deadline {
             return; // expiry is the timers' business
         }
-        if d.recalled {
+        // A delegation recalled before it admitted anyone (the Recall came with it, or ahead of
+        // it, as it does for a delegation the home granted ahead in a chain) still admits the
+        // locker first in line once: the key came here for it.
+        let admit_one = d.fresh && !self.waiters.is_empty();
+        if d.recalled && !admit_one {
             self.release(now, io);
             return;
         }
         if let Some(w) = self.waiters.pop_front() {
+            let recalled = d.recalled;
             let handle = self.admit(slot, now, w.ttl, io);
+            let (id, deadline) = (handle.id, handle.deadline);
             io.events.push_back(Event::Locked { ticket: Ticket { serial: w.serial, slot }, handle });
+            if recalled {
+                io.events.push_back(Event::Recalled { handle: id, key: self.key.to_vec(), deadline });
+            }
         }
     }
 

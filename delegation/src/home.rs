@@ -97,22 +97,26 @@
 //!
 //! - **Recall period:** a Recall goes to the holder when the first requester queues (and right
 //!   after a grant that leaves requesters queued), and again every
-//!   `max(home_lease / 4, 10 ms)` while the key is held and someone waits; more requesters
-//!   joining the queue send nothing more. (The pacing lives with the queue: if every requester
-//!   leaves and a new one comes, it recalls at once.) The same period paces Handover resends.
-//! - **Passes.** With the first Recall of a delegation someone waits for, the home grants the
-//!   first waiter ahead ([`Successor`]: grantee, lease) and the Recall carries it; the holder
-//!   passes it on with [`Body::Pass`] the instant its last handle ends and says so in its
-//!   `Release`, so the key changes nodes in one message. From that first Recall the home treats
-//!   the successor as live (its conservative end counts from there, after the request was sent, as
-//!   for any grant) as well as the recalled delegation, and until it learns which of them holds
-//!   the key it grants it to nobody else: a release of the recalled delegation, or its expiry,
-//!   makes the successor the live delegation (granted by the home itself unless the release says
-//!   it was passed); a release or renewal by the successor says it was passed. No pass is granted
-//!   under lock-delay (an expiry must then leave the key ungranted for a while), to the holder
-//!   itself, nor for a key that is not authoritatively homed here; a key that moves away with a
-//!   pass outstanding is handed over with both delegations (`Handed::next`), and the new home
-//!   keeps them as this one did.
+//!   `max(home_lease / 4, 10 ms)`, with every successor of the chain, while the key is held and
+//!   someone waits; more requesters joining the queue send nothing more to the holder (with
+//!   passes, each new successor's predecessor is recalled naming it). (The pacing lives with the
+//!   queue: if every requester leaves and a new one comes, it recalls at once.) The same period
+//!   paces Handover resends.
+//! - **Passes, chained.** While a delegation is held and others wait, the home grants the
+//!   waiters ahead one behind the other ([`Successor`]: grantee, lease), a chain, and recalls the
+//!   delegation each follows at once, naming it; each holder passes the key on with
+//!   [`Body::Pass`] the instant its last handle ends and says so in its `Release`, so the key
+//!   changes nodes in one message, and a successor knows where to pass it before it has it. From
+//!   its grant the home treats every successor as live (its conservative end counts from there,
+//!   after the request was sent, as for any grant) as well as the recalled delegation, and until
+//!   it learns how far along the chain the key went it grants it to nobody else: a release of the
+//!   recalled delegation, or its expiry, makes the first successor the live delegation (granted by
+//!   the home itself unless the release says it was passed); a release or renewal by a successor
+//!   says every delegation before it passed the key on; a successor reaching its own end is
+//!   dropped alone. No pass is granted under lock-delay (an expiry must then leave the key
+//!   ungranted for a while), to the node it would be passed from, nor for a key that is not
+//!   authoritatively homed here; a key that moves away with a chain outstanding is handed over
+//!   with all of it (`Handed::ahead`), and the new home keeps it as this one did.
 //! - **Renewal while others wait** is refused with [`Refusal::Recalled`]: the delegation stays
 //!   valid until its deadline but is not extended, so a busy holder cannot starve waiters.
 //! - **Retransmitted request** (same id as the live grant, from its holder, not a renewal): the
@@ -199,8 +203,8 @@ pub struct HomeConfig {
     pub id: NodeId,
     /// Caps on what peers can make this home allocate.
     pub limits: Limits,
-    /// Whether a Recall grants the first waiter ahead, for the holder to pass the key on directly
-    /// (see the module documentation). On by default; never under lock-delay.
+    /// Whether waiters are granted ahead in a chain, each holder passing the key on directly to
+    /// the next (see the module documentation). On by default; never under lock-delay.
     pub passes: bool,
     /// How long a key stays unavailable after its delegation *expired* (not after a clean
     /// release), measured on this home's clock from the expiry. Zero (the default) disables it.
@@ -464,25 +468,29 @@ struct Live {
 /// The requesters queued for a key, and the Recall pacing of its holder.
 #[derive(Debug)]
 struct Queue {
-    /// Oldest first; never empty unless `next` is set (an empty queue is dropped).
+    /// Oldest first; never empty unless `ahead` is not (an empty queue is dropped).
     waiters: VecDeque<Waiter>,
     /// Earliest instant the next Recall may be sent.
     recall_next: Instant,
     /// A Recall of the current delegation went out (for [`HomeCounters::recalls`]).
     recalled: bool,
-    /// The first waiter, granted ahead and taken out of `waiters` (see [`Next`]).
-    next: Option<Next>,
+    /// The chain of delegations granted ahead, taken out of `waiters` in their order (see
+    /// [`Next`]): the live delegation's holder passes the key to the first, the first's holder to
+    /// the second, and so on.
+    ahead: VecDeque<Next>,
 }
 
-/// A delegation granted ahead to the first requester waiting for a held key, for its holder to
-/// pass on ([`Successor`]). From the instant it was granted until `end` or a release, it may be
-/// live at either node: the held delegation's or the successor's, never both at once (the holder
-/// passes it only once its last handle ended).
+/// A delegation granted ahead to a requester waiting for a held key, for the holder of the
+/// delegation before it in the chain to pass on ([`Successor`]). From the instant it was granted
+/// until `end` or a release, the key may be live at any node of the chain up to it, never at two
+/// at once (each holder passes it only once its last handle ended).
 #[derive(Clone, Copy, Debug)]
 struct Next {
     successor: Successor,
     /// Conservative end, home clock: the grant instant + `rate_margin(successor.lease)`.
     end: Instant,
+    /// Its own Recall went out: it was told to pass the key on (to the next one, if any).
+    recalled: bool,
 }
 
 /// How a live delegation ended, as [`Home::end_live`] acts on it.
@@ -616,7 +624,8 @@ pub struct HomeCounters {
     pub expiries: u64,
     /// Expiries that put the key into lock-delay.
     pub lock_delays: u64,
-    /// Delegations granted ahead in a Recall, for the holder to pass on (counted in `grants` too).
+    /// Delegations granted ahead in a chain, for the holder before each to pass on (counted in
+    /// `grants` too).
     pub passes: u64,
 }
 
@@ -1080,9 +1089,9 @@ impl Home {
         auth: &impl Authority,
     ) -> Result<(), Refusal> {
         let ppm = auth.timing().clock_rate_ppm;
-        if held.is_some_and(|g| e.is_next(from, g)) {
-            // The successor renews what it was passed: the recalled delegation has ended.
-            self.end_live(now, key, e, Ended::Passed, auth);
+        if let Some(i) = held.and_then(|g| e.position(from, g)) {
+            // A successor renews what it was passed: every delegation before it has ended.
+            self.pass_along(now, key, e, i, auth);
         }
         let delay_until = match &mut e.phase {
             Phase::Free { .. } => {
@@ -1118,7 +1127,7 @@ impl Home {
         };
         if e.queue.as_ref().is_some_and(|q| {
             q.waiters.iter().any(|w| w.from == from && w.id == id)
-                || q.next.is_some_and(|n| n.successor.to == from && n.successor.id == id)
+                || q.ahead.iter().any(|n| n.successor.to == from && n.successor.id == id)
         }) {
             return Ok(()); // a duplicate: already queued, or granted ahead
         }
@@ -1145,7 +1154,7 @@ impl Home {
                     waiters: VecDeque::from([waiter]),
                     recall_next: now,
                     recalled: false,
-                    next: None,
+                    ahead: VecDeque::new(),
                 }))
             }
         }
@@ -1175,24 +1184,23 @@ impl Home {
             Some(n) if n.len() > self.config.limits.max_note_len => (None, true),
             n => (n.map(Vec::into_boxed_slice), recovered),
         };
+        if let Some(i) = e.position(from, grantee) {
+            // A successor was passed the key and has given it back already (the releases before
+            // it are still on their way): every delegation up to it has ended.
+            self.pass_along(now, &k, &mut e, i, auth);
+        }
         if let Phase::Held(live) = &e.phase
             && live.holder == from
             && live.grantee == grantee
         {
             let how = match passed {
-                Some(g) if e.next().is_some_and(|n| n.successor.grantee == g) => Ended::Passed,
+                Some(g) if e.ahead().next().is_some_and(|n| n.successor.grantee == g) => Ended::Passed,
                 // Passed to a successor this home dropped at its end: it may have admitted, and
                 // its last handle may have run out, so its release's note is not this one.
                 Some(_) => Ended::Released { note: None, recovered: true },
                 None => Ended::Released { note, recovered },
             };
             self.end_live(now, &k, &mut e, how, auth);
-            self.service(now, &k, &mut e, auth);
-        } else if e.is_next(from, grantee) {
-            // The successor was passed the key and has given it back already (the holder's own
-            // release is still on its way): both have ended.
-            self.end_live(now, &k, &mut e, Ended::Passed, auth);
-            self.set_free(now, &mut e, note, recovered, grantee);
             self.service(now, &k, &mut e, auth);
         }
         self.finish(now, k, e);
@@ -1240,20 +1248,19 @@ impl Home {
         token: FencingToken,
     ) -> Option<CheckAnswer> {
         let asked = Grantee::of(token);
-        let next = e.next().map(|n| n.successor);
         let last = match &e.phase {
             Phase::Held(live) if live.grantee == asked => {
                 self.send(live.holder, Body::Probe { key: key.to_vec(), id, token, asker });
                 return None;
             }
-            Phase::Held(Live { grantee: last, .. }) => match next {
-                // The successor granted ahead may hold it already.
-                Some(n) if n.grantee == asked => {
-                    self.send(n.to, Body::Probe { key: key.to_vec(), id, token, asker });
+            Phase::Held(live) => match e.ahead().find(|n| n.successor.grantee == asked) {
+                // A successor granted ahead may hold it already.
+                Some(n) => {
+                    let to = n.successor.to;
+                    self.send(to, Body::Probe { key: key.to_vec(), id, token, asker });
                     return None;
                 }
-                Some(n) => n.grantee,
-                None => *last,
+                None => e.ahead().last().map_or(live.grantee, |n| n.successor.grantee),
             },
             Phase::Delay { last, .. } | Phase::Free { last, .. } => *last,
         };
@@ -1286,7 +1293,11 @@ impl Home {
         // adopted: the key then waits for `home_active`, which outlasts every earlier delegation.
         let lock_delay = lock_delay.min(self.config.lock_delay);
         let bound = auth.timing().fence_bound();
-        let plausible = live.is_none_or(|h| h.remaining <= bound && h.next.is_none_or(|(_, r)| r <= bound));
+        let plausible = live.as_ref().is_none_or(|h| {
+            h.remaining <= bound
+                && h.ahead.len() <= self.config.limits.max_waiters_per_key
+                && h.ahead.iter().all(|(_, r)| *r <= bound)
+        });
         let found = self.keys.find(&key);
         let limits = &self.config.limits;
         let takes_slot = live.is_some() || !lock_delay.is_zero();
@@ -1321,13 +1332,16 @@ impl Home {
                     let end = now + rate_margin(h.remaining, ppm);
                     let live = Live { holder: h.holder, grantee: h.grantee, id: h.id, end };
                     e.phase = Phase::Held(live);
-                    if let Some((successor, remaining)) = h.next {
-                        let end = now + rate_margin(remaining, ppm);
+                    if !h.ahead.is_empty() {
+                        let ahead = h.ahead.iter().map(|&(successor, remaining)| {
+                            let end = now + rate_margin(remaining, ppm);
+                            Next { successor, end, recalled: false }
+                        });
                         e.queue = Some(Box::new(Queue {
                             waiters: VecDeque::new(),
                             recall_next: now,
                             recalled: false,
-                            next: Some(Next { successor, end }),
+                            ahead: ahead.collect(),
                         }));
                     }
                 }
@@ -1487,14 +1501,16 @@ impl Home {
             }
         }
         if let Some(q) = e.queue.as_mut()
-            && q.next.is_some_and(|n| now >= n.end)
+            && q.ahead.iter().any(|n| now >= n.end)
         {
-            // Past its conservative end the successor holds nothing, whether passed it or not.
-            q.next = None;
+            // Past its conservative end a successor holds nothing, whether passed it or not. The
+            // one before it passes to it, or releases to this home, which then grants the one
+            // after it (a delegation after it may have been passed the key already: it stays).
+            q.ahead.retain(|n| now < n.end);
             e.tidy_queue();
         }
         self.expire_waiters(now, key, e);
-        if matches!(e.phase, Phase::Held(_)) && e.queue.as_ref().is_some_and(|q| now >= q.recall_next) {
+        if matches!(e.phase, Phase::Held(_)) && e.queue.is_some() {
             self.recall(now, key, e, retry, auth);
         }
         if e.role == Role::Moved {
@@ -1502,59 +1518,96 @@ impl Home {
         }
     }
 
-    /// Sends the Recall of `e`'s live delegation (someone waits), granting the first waiter
-    /// ahead if nobody is yet ([`Home::grant_ahead`]). The Recall carries that successor only
-    /// while this home may grant the key.
+    /// Sends the Recalls held key `e` owes (someone waits, or a successor was granted ahead).
+    /// While this home may grant the key, the waiters first in line are granted ahead at the end
+    /// of the chain ([`Home::grant_ahead`]), and the holder each new one follows is recalled at
+    /// once, naming it. When the Recall period comes round, every delegation of the chain is
+    /// recalled again, each naming the one after it (only while this home may grant the key),
+    /// and the last one too if anyone still waits.
     fn recall(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, retry: Duration, auth: &impl Authority) {
         let Phase::Held(live) = &e.phase else { return };
         let (holder, grantee) = (live.holder, live.grantee);
-        let may_pass = self.config.passes
+        let Some(q) = e.queue.as_ref() else { return };
+        let due = now >= q.recall_next;
+        let first_new = q.ahead.len();
+        let may_pass = (due || !q.waiters.is_empty())
+            && self.config.passes
             && self.config.lock_delay.is_zero()
             && matches!(e.role, Role::Home | Role::Adopted)
             && self.may_grant(now, key, e.role, auth).is_ok();
-        if may_pass && e.next().is_none() {
+        if may_pass {
             self.grant_ahead(now, e, holder, auth);
         }
         let Some(q) = e.queue.as_mut() else { return };
-        q.recall_next = now + retry;
-        if !std::mem::replace(&mut q.recalled, true) {
-            self.counters.recalls += 1;
+        // Link `i` is the delegation the key passes on from to `ahead[i]`: 0 the live one.
+        let links = if due {
+            q.recall_next = now + retry;
+            let last = q.ahead.len() + usize::from(!q.waiters.is_empty());
+            0..last
+        } else {
+            first_new..q.ahead.len()
+        };
+        for i in links {
+            let (node, recalled, flag) = match i.checked_sub(1) {
+                None => (holder, grantee, &mut q.recalled),
+                Some(j) => {
+                    let n = &mut q.ahead[j];
+                    (n.successor.to, n.successor.grantee, &mut n.recalled)
+                }
+            };
+            if !std::mem::replace(flag, true) {
+                self.counters.recalls += 1;
+            }
+            let next = q.ahead.get(i).filter(|_| may_pass).map(|n| n.successor);
+            self.send(node, Body::Recall { key: key.to_vec(), grantee: recalled, next });
         }
-        let next = if may_pass { q.next.map(|n| n.successor) } else { None };
-        self.send(holder, Body::Recall { key: key.to_vec(), grantee, next });
     }
 
-    /// Grants the first waiter of held key `e` ahead, as its [`Next`]: unless that waiter is the
-    /// holder itself or at its per-requester cap (it is then served, or refused, when the key is
-    /// free, as without passes). Its waits that ran out were refused already.
+    /// Grants the waiters first in line for held key `e` ahead, at the end of its chain of
+    /// [`Next`] delegations, while the first is not the node the key would pass to it from (that
+    /// node's request is served, or refused, when the key is free, as without passes) and is
+    /// under its per-requester cap. Their waits that ran out were refused already.
     fn grant_ahead(&mut self, now: Instant, e: &mut Entry, holder: NodeId, auth: &impl Authority) {
         let Some(q) = e.queue.as_mut() else { return };
-        let Some(&w) = q.waiters.front() else { return };
-        if w.from == holder || self.delegations_of(w.from) >= self.config.limits.max_per_requester {
-            return;
+        while let Some(&w) = q.waiters.front() {
+            let from = q.ahead.back().map_or(holder, |n| n.successor.to);
+            if w.from == from || self.delegations_of(w.from) >= self.config.limits.max_per_requester {
+                return;
+            }
+            q.waiters.pop_front();
+            self.counter += 1;
+            self.counters.grants += 1;
+            self.counters.passes += 1;
+            let grantee =
+                Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
+            let lease = granted_lease(w.lease, auth);
+            let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
+            let successor = Successor { to: w.from, id: w.id, grantee, lease };
+            q.ahead.push_back(Next { successor, end, recalled: false });
         }
-        q.waiters.pop_front();
-        self.counter += 1;
-        self.counters.grants += 1;
-        self.counters.passes += 1;
-        let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
-        let lease = granted_lease(w.lease, auth);
-        let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
-        q.next = Some(Next { successor: Successor { to: w.from, id: w.id, grantee, lease }, end });
     }
 
-    /// The live delegation of `e` ended as `how` says. A successor granted ahead becomes the live
-    /// delegation: passed on by the holder; or, if the holder released without passing it, or
-    /// the delegation expired (the holder may have passed it, and its `Release` was lost), granted
-    /// by this home itself, if it still may (an expired one stays tracked as live regardless; a
-    /// released one that was never delivered is dropped). Without a successor the key is free,
-    /// or (expired) free or in lock-delay.
+    /// The delegations of `e` up to `ahead[i]` have ended, each passing the key to the next:
+    /// makes `ahead[i]` the live delegation.
+    fn pass_along(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, i: usize, auth: &impl Authority) {
+        for _ in 0..=i {
+            self.end_live(now, key, e, Ended::Passed, auth);
+        }
+    }
+
+    /// The live delegation of `e` ended as `how` says. The first successor granted ahead becomes
+    /// the live delegation: passed on by the holder; or, if the holder released without passing
+    /// it, or the delegation expired (the holder may have passed it, and its `Release` was lost),
+    /// granted by this home itself, if it still may (an expired one stays tracked as live
+    /// regardless; a released one that was never delivered is dropped, with the chain after it,
+    /// which nobody could pass anything to). Without a successor the key is free, or (expired)
+    /// free or in lock-delay.
     fn end_live(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, how: Ended, auth: &impl Authority) {
         let Phase::Held(live) = &e.phase else { return };
         let (end, last) = (live.end, live.grantee);
-        let next = e.queue.as_mut().and_then(|q| q.next.take());
+        let next = e.queue.as_mut().and_then(|q| q.ahead.pop_front());
         e.tidy_queue();
-        let Some(Next { successor: s, end: next_end }) = next else {
+        let Some(Next { successor: s, end: next_end, recalled }) = next else {
             match how {
                 Ended::Released { note, recovered } => self.set_free(now, e, note, recovered, last),
                 // Callers say `Passed` only of a successor they found.
@@ -1577,7 +1630,12 @@ impl Home {
             Ended::Passed => None,
             Ended::Released { note, recovered } if !may_grant => {
                 // Never delivered, and this home may not deliver it now.
-                self.set_free(now, e, note, recovered, s.grantee);
+                let last = e.ahead().last().map_or(s.grantee, |n| n.successor.grantee);
+                if let Some(q) = e.queue.as_mut() {
+                    q.ahead.clear();
+                }
+                e.tidy_queue();
+                self.set_free(now, e, note, recovered, last);
                 return;
             }
             Ended::Released { note, recovered } => Some((note.map(Vec::from), recovered)),
@@ -1597,9 +1655,12 @@ impl Home {
         }
         self.counters.handoffs += 1;
         if let Some(q) = e.queue.as_mut() {
-            // Others still wait: the new holder hears so at once.
-            q.recall_next = now;
-            q.recalled = false;
+            // Others still wait: the new holder hears so at once, unless it was recalled already
+            // while it waited in the chain.
+            q.recalled = recalled;
+            if !recalled {
+                q.recall_next = now;
+            }
         }
     }
 
@@ -1680,9 +1741,9 @@ impl Home {
         let (live, note, recovered, lock_delay) = match &e.phase {
             Phase::Held(live) => {
                 let remaining = live.end.saturating_duration_since(now);
-                let next = e.next().map(|n| (n.successor, n.end.saturating_duration_since(now)));
+                let ahead = e.ahead().map(|n| (n.successor, n.end.saturating_duration_since(now))).collect();
                 let handed =
-                    Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining, next };
+                    Handed { holder: live.holder, grantee: live.grantee, id: live.id, remaining, ahead };
                 (Some(handed), None, false, Duration::ZERO)
             }
             Phase::Delay { until, .. } => (None, None, true, until.saturating_duration_since(now)),
@@ -1815,16 +1876,17 @@ impl Entry {
         match &self.phase {
             Phase::Held(live) => {
                 let recall = self.queue.as_ref().map(|q| q.recall_next);
-                let next = self.next().map(|n| n.end);
-                [Some(live.end), first_deadline, recall, next].into_iter().flatten().min()
+                let ahead = self.ahead().map(|n| n.end).min();
+                [Some(live.end), first_deadline, recall, ahead].into_iter().flatten().min()
             }
             Phase::Delay { until, .. } => first_deadline.map_or(Some(*until), |d| Some(d.min(*until))),
             Phase::Free { until, .. } => (self.role != Role::Moved).then_some(*until),
         }
     }
 
+    /// Requesters in line: queued, or granted ahead.
     fn waiting(&self) -> usize {
-        self.queue.as_ref().map_or(0, |q| q.waiters.len())
+        self.queue.as_ref().map_or(0, |q| q.waiters.len() + q.ahead.len())
     }
 
     fn pop_waiter(&mut self) -> Option<Waiter> {
@@ -1835,28 +1897,28 @@ impl Entry {
 
     /// Drops the queue once nobody is left in it.
     fn tidy_queue(&mut self) {
-        if self.queue.as_ref().is_some_and(|q| q.waiters.is_empty() && q.next.is_none()) {
+        if self.queue.as_ref().is_some_and(|q| q.waiters.is_empty() && q.ahead.is_empty()) {
             self.queue = None;
         }
     }
 
-    /// The successor granted ahead, if any.
-    fn next(&self) -> Option<&Next> {
-        self.queue.as_ref()?.next.as_ref()
+    /// The chain of successors granted ahead, in the order the key passes along it.
+    fn ahead(&self) -> std::collections::vec_deque::Iter<'_, Next> {
+        self.queue.as_ref().map_or_else(Default::default, |q| q.ahead.iter())
     }
 
-    /// Whether `grantee` is the successor granted ahead to `from`.
-    fn is_next(&self, from: NodeId, grantee: Grantee) -> bool {
-        self.next().is_some_and(|n| n.successor.to == from && n.successor.grantee == grantee)
+    /// Where in the chain the successor `grantee` granted ahead to `from` is, if it is.
+    fn position(&self, from: NodeId, grantee: Grantee) -> Option<usize> {
+        self.ahead().position(|n| n.successor.to == from && n.successor.grantee == grantee)
     }
 
-    /// The nodes that may hold a delegation of the key: the live one's holder and the successor.
-    fn holders(&self) -> impl Iterator<Item = NodeId> + use<> {
+    /// The nodes that may hold a delegation of the key: the live one's holder and the chain's.
+    fn holders(&self) -> impl Iterator<Item = NodeId> + '_ {
         let live = match &self.phase {
             Phase::Held(live) => Some(live.holder),
             _ => None,
         };
-        live.into_iter().chain(self.next().map(|n| n.successor.to))
+        live.into_iter().chain(self.ahead().map(|n| n.successor.to))
     }
 }
 
@@ -1918,6 +1980,6 @@ mod tests {
         assert_eq!(Home::ENTRY_BYTES, 104);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
         assert_eq!(std::mem::size_of::<Waiter>(), 48);
-        assert_eq!(std::mem::size_of::<Queue>(), 120);
+        assert_eq!(std::mem::size_of::<Queue>(), 80);
     }
 }

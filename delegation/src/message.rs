@@ -66,8 +66,10 @@ pub enum Body {
     /// Home → requester: request `id` is refused.
     Refuse { key: Key, id: RequestId, reason: Refusal },
     /// Home → holder: someone is waiting; release `grantee` as soon as the local holder is done.
-    /// `next`, when set, is a delegation the home has already granted to the first waiter: the
-    /// holder passes it on directly with [`Body::Pass`] when it releases (see [`Successor`]).
+    /// `next`, when set, is a delegation the home has already granted to the requester that
+    /// follows `grantee` in the key's chain: the holder passes it on directly with [`Body::Pass`]
+    /// when it releases (see [`Successor`]). A successor is recalled this way as soon as the next
+    /// one is granted ahead, before its own delegation reaches it.
     Recall { key: Key, grantee: Grantee, next: Option<Successor> },
     /// Holder → the requester a [`Successor`] names: the delegation the key's home granted it,
     /// passed on by the previous holder the instant it released, with that holder's handoff note
@@ -156,7 +158,7 @@ impl RequestId {
 }
 
 /// A live delegation, as an old home hands it to a key's new home in [`Body::Handover`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Handed {
     /// The node the delegation was granted to.
     pub holder: NodeId,
@@ -166,18 +168,20 @@ pub struct Handed {
     /// How long, on the old home's clock from its send instant, the old home would still have
     /// treated the delegation as live (its conservative view, already widened for clock rates).
     pub remaining: Duration,
-    /// The successor the old home granted ahead ([`Successor`]), which may hold the key already or
-    /// be passed it later, and how long (as `remaining`) the old home would still have treated it
-    /// as live. The new home keeps both, as the old one did.
-    pub next: Option<(Successor, Duration)>,
+    /// The successors the old home granted ahead ([`Successor`]), in the order the key passes
+    /// along them, each of which may hold the key already or be passed it later, and how long (as
+    /// `remaining`) the old home would still have treated each as live. The new home keeps them
+    /// all, as the old one did.
+    pub ahead: Vec<(Successor, Duration)>,
 }
 
-/// A delegation a home granted to the first requester waiting for a held key, sent to the
-/// holder in its `Recall` so that the holder hands it on ([`Body::Pass`]) the instant its last
-/// handle ends: the key then changes nodes in one message instead of a `Release` to the home and
-/// a `Grant` from it. The home counts its lease from the instant it first sent the `Recall` that
-/// carried it (after the request was sent, as for any grant), and treats it as live from then on
-/// until its conservative end or a release, whoever of the two nodes turns out to hold it.
+/// A delegation a home granted ahead to a requester waiting for a held key, sent in the `Recall`
+/// of the delegation it follows in the key's chain, so that that holder hands it on
+/// ([`Body::Pass`]) the instant its last handle ends: the key then changes nodes in one message
+/// instead of a `Release` to the home and a `Grant` from it. The home counts its lease from the
+/// instant it granted it (after the request was sent, as for any grant), and treats it as live
+/// from then on until its conservative end or a release, whichever node of the chain turns out
+/// to hold it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Successor {
     /// The requester it is granted to.

@@ -796,9 +796,24 @@ fn a_recovered_delegation_released_unused_passes_the_flag_on() {
     assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(1), None, false));
 }
 
+/// The locker's handle from the events a delegation that came recalled gives: `Locked`, then
+/// `Recalled` at once with the handle's deadline.
+fn locked_recalled(h: &mut Holder, ticket: Ticket) -> Handle {
+    let evs = events(h);
+    match &evs[..] {
+        [Event::Locked { ticket: t, handle }, Event::Recalled { handle: r, key, deadline }]
+            if *t == ticket && *r == handle.id && key == b"k" && *deadline == handle.deadline =>
+        {
+            handle.clone()
+        }
+        other => panic!("expected Locked then Recalled for {ticket:?}, got {other:?}"),
+    }
+}
+
 /// Defect (e): a Recall that overtakes its Grant is remembered while the acquisition request is
-/// outstanding, and applied when the Grant arrives: the delegation goes straight back with the
-/// note it came with, instead of being held until the next Recall (or its expiry).
+/// outstanding, and applied when the Grant arrives: the locker first in line is admitted once and
+/// told at once that the key is recalled, and the delegation goes straight back when it unlocks,
+/// instead of being held until the next Recall (or its expiry). A later locker asks again.
 #[test]
 fn a_recall_that_overtakes_its_grant_is_applied_when_the_grant_arrives() {
     let auth = Script::new();
@@ -808,30 +823,56 @@ fn a_recall_that_overtakes_its_grant_is_applied_when_the_grant_arrives() {
     h.handle_message(at(10), HOME, recall(b"k", grantee(1)), &auth);
     assert!(sent(&mut h).is_empty());
     h.handle_message(at(20), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), false), &auth);
+    assert!(sent(&mut h).is_empty(), "the key came for the waiting locker: it is admitted first");
+    let first = locked_recalled(&mut h, ticket);
+    assert_eq!((first.note.as_deref(), first.token), (Some(&b"p"[..]), grantee(1).token(0)));
+    // Recalled: nobody else is admitted under it, and the unlock gives it back.
+    let second = pending(h.lock(at(25), b"k", secs(60), secs(30), &auth));
+    assert!(sent(&mut h).is_empty() && events(&mut h).is_empty());
+    h.unlock(at(30), first.id, Some(b"q".to_vec())).unwrap();
+    tick(&mut h, &auth, at(30));
     let out = sent(&mut h);
     assert_eq!(out.len(), 2, "{out:?}");
-    assert_eq!(out[0], (HOME, release(grantee(1), Some(b"p"), false)));
+    assert_eq!(out[0], (HOME, release(grantee(1), Some(b"q"), false)));
     let again = as_request(out[1].0, out[1].1.clone());
-    assert_eq!((again.held, again.wait), (None, ms(29_980)), "the locker still waits: it asks again");
+    assert_eq!((again.held, again.wait), (None, ms(29_995)), "the next locker asks again");
     assert!(events(&mut h).is_empty());
     // A later grant with another grantee is not affected by that recall.
-    h.handle_message(at(30), HOME, grant(b"k", again.id, grantee(2), secs(10), Some(b"q"), false), &auth);
-    let handle = locked_event(&mut h, ticket);
+    h.handle_message(at(40), HOME, grant(b"k", again.id, grantee(2), secs(10), Some(b"q"), false), &auth);
+    let handle = locked_event(&mut h, second);
     assert_eq!(handle.note.as_deref(), Some(&b"q"[..]));
     assert!(sent(&mut h).is_empty());
 }
 
-/// A Recall that overtakes its Grant and carries a successor granted ahead: the delegation is
-/// passed to the successor when it arrives, as if the Recall had come after it, instead of going
-/// back to the home (which would then grant the successor itself, one message later). The
-/// Recall's sender (here a new home that adopted the key while the Grant was in flight) is the
-/// home the Pass names and the Release goes to, and a resent Recall without the successor keeps it.
+/// A Recall that overtakes its Grant (with no locker waiting any more) goes straight back.
+#[test]
+fn a_recall_that_overtakes_an_unwanted_grant_sends_it_straight_back() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), ms(15), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(10), HOME, recall(b"k", grantee(1)), &auth);
+    tick(&mut h, &auth, at(15));
+    assert!(
+        matches!(&events(&mut h)[..], [Event::LockFailed { ticket: t, error: LockError::Timeout }] if *t == ticket)
+    );
+    h.handle_message(at(20), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), false), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), Some(b"p"), false))]);
+    assert!(events(&mut h).is_empty());
+}
+
+/// A Recall that overtakes its Grant and carries a successor granted ahead (as every Recall of a
+/// delegation in a home's chain does): the locker first in line is admitted once, and when it
+/// unlocks the delegation is passed to the successor, instead of going back to the home (which
+/// would then grant the successor itself, one message later). The Recall's sender (here a new home
+/// that adopted the key while the Grant was in flight) is the home the Pass names and the Release
+/// goes to, and a resent Recall without the successor keeps it.
 #[test]
 fn a_recall_that_overtakes_its_grant_passes_the_successor_it_carries() {
     const NEW_HOME: NodeId = NodeId(7);
     let auth = Script::new();
     let mut h = holder();
-    let _ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
     let r = one_request(&mut h);
     let next = Successor { to: OTHER, id: RequestId::new(9, 3), grantee: grantee(2), lease: secs(4) };
     let recall_ahead =
@@ -840,28 +881,28 @@ fn a_recall_that_overtakes_its_grant_passes_the_successor_it_carries() {
     h.handle_message(at(15), NEW_HOME, recall_ahead(None), &auth);
     assert!(sent(&mut h).is_empty());
     h.handle_message(at(20), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"p"), false), &auth);
+    assert!(sent(&mut h).is_empty());
+    let handle = locked_recalled(&mut h, ticket);
+    h.unlock(at(21), handle.id, None).unwrap();
+    tick(&mut h, &auth, at(21));
     let out = sent(&mut h);
-    let note = Some(b"p".to_vec());
     let pass = Body::Pass {
         key: b"k".to_vec(),
         home: NEW_HOME,
         id: next.id,
         grantee: grantee(2),
         lease: secs(4),
-        note: note.clone(),
+        note: None,
         recovered: false,
     };
     let release = Body::Release {
         key: b"k".to_vec(),
         grantee: grantee(1),
-        note,
+        note: None,
         recovered: false,
         passed: Some(grantee(2)),
     };
-    assert_eq!(out.len(), 3, "{out:?}");
-    assert_eq!(out[..2], [(OTHER, pass), (NEW_HOME, release)]);
-    let again = as_request(out[2].0, out[2].1.clone());
-    assert_eq!((again.held, again.wait), (None, ms(29_980)), "the locker still waits: it asks again");
+    assert_eq!(out, [(OTHER, pass), (NEW_HOME, release)]);
     assert!(events(&mut h).is_empty());
 }
 

@@ -918,7 +918,7 @@ fn a_moved_key_is_handed_over_and_forgotten_on_the_ack() {
     let end = end_of(at(0), ms(500));
     let handover = |remaining| Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining, next: None }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining, ahead: Vec::new() }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -1005,12 +1005,12 @@ fn the_new_home_adopts_and_regrants_right_after_the_release() {
     auth.active = false; // the activation wait is still running
     auth.previous = Some(H);
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
-    let handed = Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None };
+    let handed = Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), ahead: Vec::new() };
     let handover = |epoch| Message {
         epoch,
         body: Body::Handover {
             key: b"k".to_vec(),
-            live: Some(handed),
+            live: Some(handed.clone()),
             note: None,
             recovered: false,
             lock_delay: Duration::ZERO,
@@ -1056,7 +1056,7 @@ fn adopting() -> (Home, Script, Grantee) {
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     let body = Body::Handover {
         key: b"k".to_vec(),
-        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None }),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), ahead: Vec::new() }),
         note: None,
         recovered: false,
         lock_delay: Duration::ZERO,
@@ -1098,14 +1098,19 @@ fn handed_durations_beyond_what_the_epoch_and_config_allow_are_not_taken_at_face
     // instead of staying held forever.
     let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
     for remaining in [TIMING.fence_bound() + Duration::from_nanos(1), Duration::MAX] {
-        let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining, next: None });
+        let live = Some(Handed { holder: A, grantee: g, id: rid(1), remaining, ahead: Vec::new() });
         new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
         assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
         assert_eq!((new.tracked_keys(), new.delegation(b"k")), (0, None));
     }
     // Up to the bound, adopted.
-    let live =
-        Some(Handed { holder: A, grantee: g, id: rid(1), remaining: TIMING.fence_bound(), next: None });
+    let live = Some(Handed {
+        holder: A,
+        grantee: g,
+        id: rid(1),
+        remaining: TIMING.fence_bound(),
+        ahead: Vec::new(),
+    });
     new.handle_message(at(0), H, handover(b"k", live, Duration::ZERO), &auth);
     assert!(new.is_adopted(b"k"));
     // A lock-delay is cut to this home's own.
@@ -1305,7 +1310,7 @@ fn a_key_the_walk_had_not_reached_when_the_next_epoch_came_is_not_trusted() {
         let g = Grantee { epoch: 1, incarnation: 3, counter: i as u64 + 1 };
         let body = Body::Handover {
             key: key.to_vec(),
-            live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), next: None }),
+            live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), ahead: Vec::new() }),
             note: None,
             recovered: false,
             lock_delay: Duration::ZERO,
@@ -1614,10 +1619,12 @@ fn no_pass_under_lock_delay_nor_to_the_holder_itself() {
     home.handle_message(at(1), A, req(b"k", 2, ms(900)), &auth);
     assert!(matches!(&drain(&mut home)[..], [(A, Body::Recall { next: None, .. })]));
 }
-/// Found by the lock simulation (seed 5087 of `--seeds 20000` with successors chained, one granted
-/// a shorter lease after a timing change): a successor dropped at its own end while the holder before it is
-/// still live may have been passed the key, admitted and let its handle run out. The holder's
-/// release naming it must not hand the holder's own note on as if the handoff were clean.
+
+/// Found by the lock simulation (seed 5087 of `--seeds 20000` with successors chained, one
+/// granted a shorter lease after a timing change): a successor dropped at its own end while the
+/// holder before it is still live may have been passed the key, admitted and let its handle run
+/// out. The holder's release naming it must not hand the holder's own note on as if the handoff
+/// were clean.
 #[test]
 fn a_release_passing_to_a_successor_past_its_end_flags_the_next_grant() {
     let mut home = passing_home();
@@ -1634,4 +1641,198 @@ fn a_release_passing_to_a_successor_past_its_end_flags_the_next_grant() {
     home.handle_message(at(201), C, req(b"k", 20, ms(900)), &auth);
     let (id, _, _, note, recovered) = the_grant(&mut home, C);
     assert_eq!((id, note, recovered), (20, None, true), "B may have held the key after A's note");
+}
+
+// ---- chains: each waiter granted ahead behind the last, its predecessor recalled at once ----
+
+/// `A` holds `k` and `B` is granted ahead (see `granted_ahead`); `C` queues at 2 ms and is granted
+/// ahead behind B at once, and B, which has not been passed the key yet, is recalled naming C.
+/// Returns A's grantee and the two successors.
+fn chained(home: &mut Home, auth: &Script) -> (Grantee, Successor, Successor) {
+    let (g, b) = granted_ahead(home, auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(900)), auth);
+    let c = match &drain(home)[..] {
+        [(B, Body::Recall { grantee, next: Some(c), .. })] if *grantee == b.grantee => *c,
+        other => panic!("expected a Recall to B carrying C, got {other:?}"),
+    };
+    assert_eq!((c.to, c.id, c.lease), (C, rid(20), ms(500)));
+    assert!(c.grantee > b.grantee, "each successor's grantee is above the one before it");
+    assert_eq!(home.counters().passes, 2);
+    assert_eq!(home.counters().recalls, 2);
+    (g, b, c)
+}
+
+#[test]
+fn the_key_passes_along_the_chain_without_a_message_from_the_home() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, b, c) = chained(&mut home, &auth);
+    home.handle_message(at(3), A, release_passing(b"k", g, None, Some(b.grantee)), &auth);
+    assert_eq!(drain(&mut home), vec![], "B was recalled already: nothing more to send");
+    assert_eq!(home.delegation(b"k").map(|d| (d.holder, d.grantee)), Some((B, b.grantee)));
+    // A asks again: granted ahead behind C, and C is recalled naming it.
+    home.handle_message(at(4), A, req(b"k", 2, ms(900)), &auth);
+    let a2 = match &drain(&mut home)[..] {
+        [(C, Body::Recall { grantee, next: Some(a2), .. })] if *grantee == c.grantee => *a2,
+        other => panic!("expected a Recall to C carrying A, got {other:?}"),
+    };
+    assert_eq!((a2.to, a2.id), (A, rid(2)));
+    home.handle_message(at(5), B, release_passing(b"k", b.grantee, None, Some(c.grantee)), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegation(b"k").map(|d| (d.holder, d.grantee)), Some((C, c.grantee)));
+    // The Recall period recalls every delegation of the chain again, each naming its successor.
+    let retry = TIMING.home_lease / 4;
+    home.handle_timeout(at(4) + retry, &auth);
+    assert_eq!(
+        drain(&mut home),
+        vec![(C, Body::Recall { key: b"k".to_vec(), grantee: c.grantee, next: Some(a2) })]
+    );
+    assert_eq!(home.counters().recalls, 3, "each delegation counted once");
+}
+
+#[test]
+fn a_release_down_the_chain_ends_every_delegation_before_it() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, b, c) = chained(&mut home, &auth);
+    // C was passed the key by B (which A passed it to) and gave it back before A's and B's
+    // releases reached the home.
+    home.handle_message(at(5), C, release_passing(b"k", c.grantee, Some(b"c"), None), &auth);
+    assert_eq!(drain(&mut home), vec![]);
+    assert_eq!(home.delegation(b"k"), None, "every delegation of the chain has ended");
+    home.handle_message(at(6), A, release_passing(b"k", g, None, Some(b.grantee)), &auth);
+    home.handle_message(at(6), B, release_passing(b"k", b.grantee, None, Some(c.grantee)), &auth);
+    assert_eq!(drain(&mut home), vec![], "the late releases are stale");
+    home.handle_message(at(7), A, req(b"k", 3, ms(900)), &auth);
+    let (_, grantee, _, note, recovered) = the_grant(&mut home, A);
+    assert_eq!((note.as_deref(), recovered), (Some(&b"c"[..]), false), "C's note goes on");
+    assert!(grantee > c.grantee);
+}
+
+#[test]
+fn a_release_that_passed_nothing_down_the_chain_is_granted_on_by_the_home() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (g, b, c) = chained(&mut home, &auth);
+    home.handle_message(at(3), A, release_passing(b"k", g, None, Some(b.grantee)), &auth);
+    // B got the key and gave it back without passing it (its Pass was late for it, say).
+    home.handle_message(at(4), B, release_passing(b"k", b.grantee, Some(b"b"), None), &auth);
+    let (id, grantee, lease, note, recovered) = the_grant(&mut home, C);
+    assert_eq!((id, grantee, lease), (20, c.grantee, ms(500)));
+    assert_eq!((note.as_deref(), recovered), (Some(&b"b"[..]), false));
+}
+
+#[test]
+fn an_expired_holder_leaves_the_chain_behind_it_in_place() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let (_, b, c) = chained(&mut home, &auth);
+    home.handle_timeout(end_of(at(0), ms(500)), &auth);
+    let grant_b = Body::Grant {
+        key: b"k".to_vec(),
+        id: rid(10),
+        grantee: b.grantee,
+        lease: ms(500),
+        note: None,
+        recovered: true,
+    };
+    let out = drain(&mut home);
+    assert_eq!(out[0], (B, grant_b), "B may hold the key");
+    assert!(out.iter().all(|(to, _)| *to == B), "C stays ahead of B, told nothing: {out:?}");
+    let a_end = end_of(at(0), ms(500));
+    assert!(matches!(
+        &check(&mut home, &auth, a_end, b"k", c.grantee.token(0))[..],
+        [(C, Body::Probe { .. })]
+    ));
+    // Past B's own end, C (which B may have passed the key to) is granted the key by the home.
+    home.handle_timeout(end_of(at(1), ms(500)), &auth);
+    let (id, grantee, _, _, recovered) = the_grant(&mut home, C);
+    assert_eq!((id, grantee, recovered), (20, c.grantee, true));
+}
+
+#[test]
+fn a_moved_key_hands_over_its_whole_chain() {
+    let mut new = Home::new(HomeConfig::new(N), Instant::ZERO);
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.active = false;
+    auth.previous = Some(H);
+    let g = Grantee { epoch: 1, incarnation: 3, counter: 9 };
+    let successor = |to, seq, counter| Successor {
+        to,
+        id: rid(seq),
+        grantee: Grantee { epoch: 1, incarnation: 3, counter },
+        lease: ms(500),
+    };
+    let (b, c) = (successor(B, 10, 10), successor(C, 20, 11));
+    let ahead = vec![(b, ms(450)), (c, ms(480))];
+    let body = Body::Handover {
+        key: b"k".to_vec(),
+        live: Some(Handed { holder: A, grantee: g, id: rid(1), remaining: ms(400), ahead }),
+        note: None,
+        recovered: false,
+        lock_delay: Duration::ZERO,
+    };
+    new.handle_message(at(10), H, Message { epoch: 2, body }, &auth);
+    // Adopted as the old home kept it: the holder recalled naming B, B naming C.
+    let recall = |grantee, next| Body::Recall { key: b"k".to_vec(), grantee, next };
+    assert_eq!(
+        drain(&mut new),
+        vec![
+            (A, recall(g, Some(b))),
+            (B, recall(b.grantee, Some(c))),
+            (H, Body::HandoverAck { key: b"k".to_vec() })
+        ]
+    );
+    new.handle_message(at(20), A, release_passing(b"k", g, None, Some(b.grantee)), &auth);
+    assert_eq!(new.delegation(b"k").map(|d| d.holder), Some(B));
+    // A check of C's token asks C, which B may have passed the key to already.
+    assert!(matches!(
+        &check(&mut new, &auth, at(21), b"k", c.grantee.token(0))[..],
+        [(C, Body::Probe { .. })]
+    ));
+    new.handle_message(at(30), B, release_passing(b"k", b.grantee, None, Some(c.grantee)), &auth);
+    let d = new.delegation(b"k").expect("live");
+    assert_eq!(
+        (d.holder, d.grantee, d.end),
+        (C, c.grantee, at(10) + rate_margin(ms(480), TIMING.clock_rate_ppm))
+    );
+    assert_eq!(drain(&mut new), vec![]);
+}
+
+#[test]
+fn a_successor_past_its_end_leaves_the_chain_behind_it_in_place() {
+    let mut home = passing_home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    // B asks for a short lease, C for the usual one: B's end comes first.
+    home.handle_message(at(1), B, request(1, b"k", 10, ms(100), ms(900), None), &auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(900)), &auth);
+    let (b, c) = match &drain(&mut home)[..] {
+        [(A, Body::Recall { next: Some(b), .. }), (B, Body::Recall { next: Some(c), .. })] => (*b, *c),
+        other => panic!("expected Recalls to A carrying B and to B carrying C, got {other:?}"),
+    };
+    // A passed the key to B, B to C; both releases are late. At B's end B is dropped, but C, which
+    // may hold the key, stays: nobody else is granted it until C's own end.
+    home.handle_timeout(end_of(at(1), ms(100)), &auth);
+    home.handle_message(at(150), N, req(b"k", 30, ms(900)), &auth);
+    let out = drain(&mut home);
+    assert!(out.iter().all(|(to, body)| !matches!(body, Body::Grant { .. }) && *to != N), "{out:?}");
+    assert!(matches!(
+        &check(&mut home, &auth, at(151), b"k", c.grantee.token(0))[..],
+        [(C, Body::Probe { .. })]
+    ));
+    // A's release names B, dropped: the home grants C itself, recovered (B may have run out).
+    home.handle_message(at(200), A, release_passing(b"k", g, Some(b"a"), Some(b.grantee)), &auth);
+    let grants: Vec<_> =
+        drain(&mut home).into_iter().filter(|(_, b)| matches!(b, Body::Grant { .. })).collect();
+    let grant_c = Body::Grant {
+        key: b"k".to_vec(),
+        id: rid(20),
+        grantee: c.grantee,
+        lease: ms(500),
+        note: None,
+        recovered: true,
+    };
+    assert_eq!(grants, vec![(C, grant_c)]);
 }

@@ -352,13 +352,16 @@ impl<'a> Gen<'a> {
                 asker: self.node(),
             },
             7 => {
-                let next = self.bool().then(|| (self.successor(grantees, ids, scale), self.duration(scale)));
+                let chain = self.range(0, 3);
+                let ahead = (0..chain)
+                    .map(|_| (self.successor(grantees, ids, scale), self.duration(scale)))
+                    .collect();
                 let live = self.bool().then(|| Handed {
                     holder: self.node(),
                     grantee: self.grantee(grantees),
                     id: self.request_id(ids),
                     remaining: self.duration(scale),
-                    next,
+                    ahead,
                 });
                 DBody::Handover {
                     key,
