@@ -183,7 +183,7 @@ pub fn encode_snapshot(s: &Snapshot, live: &Live, fsync: &Histogram) -> Result<S
         ("recalls", "Delegations this node recalled as a home (once per delegation)", h.recalls),
         ("expiries", "Delegations that expired at this home without a release (revocations)", h.expiries),
         ("lock_delays", "Expiries that put the key into lock-delay (entries into lock-delay)", h.lock_delays),
-        ("passes", "Delegations granted ahead in a chain, for the holder before each to pass on directly", h.passes),
+        ("passes", "Delegations granted ahead in a chain, passed on by the holder before each", h.passes),
     ] {
         r.register(name, help, ConstCounter::new(value));
     }
