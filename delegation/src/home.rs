@@ -499,6 +499,10 @@ enum Ended {
     Passed,
     /// Released by its holder without passing anything on; what the next grant carries.
     Released { note: Option<Box<[u8]>>, recovered: bool },
+    /// Released by its holder, who passed the key to a successor this home has since dropped at
+    /// its end: that successor may have admitted, let its handle run out, and passed the key on
+    /// down the chain.
+    PassedToDropped,
     /// Its conservative end passed.
     Expired,
 }
@@ -549,7 +553,8 @@ enum Role {
 #[derive(Debug)]
 struct Entry {
     phase: Phase,
-    /// Queued requests and the successor granted ahead; `None` when nobody waits (most keys).
+    /// Queued requests and the chain of successors granted ahead; `None` when nobody waits (most
+    /// keys).
     /// Boxed so that it costs 8 bytes in every entry, and one allocation only while someone waits.
     queue: Option<Box<Queue>>,
     /// The earliest instant the timer heap holds for this key; [`NEVER`] if none.
@@ -931,7 +936,8 @@ impl Home {
         self.counts.per_holder.get(&holder).copied().unwrap_or(0)
     }
 
-    /// The requesters queued for `key`, oldest first, as `(requester, request id)`.
+    /// The requesters queued for `key`, oldest first, as `(requester, request id)`; not those
+    /// granted ahead already (the key's chain).
     pub fn waiters(&self, key: &[u8]) -> Vec<(NodeId, RequestId)> {
         self.keys
             .get(key)
@@ -1196,8 +1202,9 @@ impl Home {
             let how = match passed {
                 Some(g) if e.ahead().next().is_some_and(|n| n.successor.grantee == g) => Ended::Passed,
                 // Passed to a successor this home dropped at its end: it may have admitted, and
-                // its last handle may have run out, so its release's note is not this one.
-                Some(_) => Ended::Released { note: None, recovered: true },
+                // its last handle may have run out, so its release's note is not this one; and it
+                // may have passed the key on to the chain behind it.
+                Some(_) => Ended::PassedToDropped,
                 None => Ended::Released { note, recovered },
             };
             self.end_live(now, &k, &mut e, how, auth);
@@ -1598,10 +1605,11 @@ impl Home {
     /// The live delegation of `e` ended as `how` says. The first successor granted ahead becomes
     /// the live delegation: passed on by the holder; or, if the holder released without passing
     /// it, or the delegation expired (the holder may have passed it, and its `Release` was lost),
-    /// granted by this home itself, if it still may (an expired one stays tracked as live
-    /// regardless; a released one that was never delivered is dropped, with the chain after it,
-    /// which nobody could pass anything to). Without a successor the key is free, or (expired)
-    /// free or in lock-delay.
+    /// or the holder passed the key to a successor dropped since (which may have passed it on),
+    /// granted by this home itself, if it still may. Only a successor that nobody can have passed
+    /// anything to is dropped when this home may not grant: after a release that passed nothing,
+    /// with the chain after it; every other stays tracked as live regardless. Without a successor
+    /// the key is free, or (expired) free or in lock-delay.
     fn end_live(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, how: Ended, auth: &impl Authority) {
         let Phase::Held(live) = &e.phase else { return };
         let (end, last) = (live.end, live.grantee);
@@ -1611,7 +1619,7 @@ impl Home {
             match how {
                 Ended::Released { note, recovered } => self.set_free(now, e, note, recovered, last),
                 // Callers say `Passed` only of a successor they found.
-                Ended::Passed => self.set_free(now, e, None, true, last),
+                Ended::Passed | Ended::PassedToDropped => self.set_free(now, e, None, true, last),
                 Ended::Expired => self.expire(now, key, e, end, last),
             }
             return;
@@ -1639,7 +1647,7 @@ impl Home {
                 return;
             }
             Ended::Released { note, recovered } => Some((note.map(Vec::from), recovered)),
-            Ended::Expired => may_grant.then_some((None, true)),
+            Ended::PassedToDropped | Ended::Expired => may_grant.then_some((None, true)),
         };
         e.phase = Phase::Held(taken);
         if let Some((note, recovered)) = grant {

@@ -92,7 +92,9 @@ pub enum Body {
     /// flagged recovered (the released delegation was itself granted `recovered` and never used,
     /// or it is a grant handed back after the sender's delegation expired). A hand-back of an
     /// unused grant passes on the `note` and `recovered` it received. `passed` names the
-    /// [`Successor`] the holder sent a [`Body::Pass`] to, if it did: the home then sends no `Grant`.
+    /// [`Successor`] the holder sent a [`Body::Pass`] to, if it did: the home then sends no `Grant`
+    /// (unless that successor reached its end at the home meanwhile; the home then grants the one
+    /// after it, `recovered`).
     Release { key: Key, grantee: Grantee, note: Option<Vec<u8>>, recovered: bool, passed: Option<Grantee> },
     /// Anyone → home: is `key` held with `token` now, and if not, was it superseded? See
     /// [`crate::check`]. The home answers with `CheckReply`, or forwards a `Probe` to the holder

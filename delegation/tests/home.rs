@@ -1800,21 +1800,29 @@ fn a_moved_key_hands_over_its_whole_chain() {
     assert_eq!(drain(&mut new), vec![]);
 }
 
+/// `A` holds `k`; `B` (asking a 100 ms lease) and then `C` (the usual 500 ms) are granted ahead
+/// behind it, and B reaches its end with A still live: the home drops B. Returns A's grantee and
+/// the two successors.
+fn dropped_successor(home: &mut Home, auth: &Script) -> (Grantee, Successor, Successor) {
+    let g = grant(home, auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, request(1, b"k", 10, ms(100), ms(900), None), auth);
+    home.handle_message(at(2), C, req(b"k", 20, ms(900)), auth);
+    let (b, c) = match &drain(home)[..] {
+        [(A, Body::Recall { next: Some(b), .. }), (B, Body::Recall { next: Some(c), .. })] => (*b, *c),
+        other => panic!("expected Recalls to A carrying B and to B carrying C, got {other:?}"),
+    };
+    home.handle_timeout(end_of(at(1), ms(100)), auth);
+    drain(home);
+    (g, b, c)
+}
+
 #[test]
 fn a_successor_past_its_end_leaves_the_chain_behind_it_in_place() {
     let mut home = passing_home();
     let auth = Script::new(H);
-    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
-    // B asks for a short lease, C for the usual one: B's end comes first.
-    home.handle_message(at(1), B, request(1, b"k", 10, ms(100), ms(900), None), &auth);
-    home.handle_message(at(2), C, req(b"k", 20, ms(900)), &auth);
-    let (b, c) = match &drain(&mut home)[..] {
-        [(A, Body::Recall { next: Some(b), .. }), (B, Body::Recall { next: Some(c), .. })] => (*b, *c),
-        other => panic!("expected Recalls to A carrying B and to B carrying C, got {other:?}"),
-    };
-    // A passed the key to B, B to C; both releases are late. At B's end B is dropped, but C, which
-    // may hold the key, stays: nobody else is granted it until C's own end.
-    home.handle_timeout(end_of(at(1), ms(100)), &auth);
+    let (g, b, c) = dropped_successor(&mut home, &auth);
+    // A passed the key to B, B to C; both releases are late. B was dropped at its end, but C,
+    // which may hold the key, stays: nobody else is granted it until C's own end.
     home.handle_message(at(150), N, req(b"k", 30, ms(900)), &auth);
     let out = drain(&mut home);
     assert!(out.iter().all(|(to, body)| !matches!(body, Body::Grant { .. }) && *to != N), "{out:?}");
@@ -1835,4 +1843,24 @@ fn a_successor_past_its_end_leaves_the_chain_behind_it_in_place() {
         recovered: true,
     };
     assert_eq!(grants, vec![(C, grant_c)]);
+}
+
+/// Found in review: the same release, when the home may not grant at that instant (its home
+/// lease lapsed, or the key moved), must not free the key: C may hold it, passed on by B.
+#[test]
+fn a_pass_to_a_dropped_successor_keeps_the_chain_tracked_when_the_home_may_not_grant() {
+    let mut home = passing_home();
+    let mut auth = Script::new(H);
+    let (g, b, c) = dropped_successor(&mut home, &auth);
+    auth.active = false;
+    home.handle_message(at(200), A, release_passing(b"k", g, Some(b"a"), Some(b.grantee)), &auth);
+    let d = home.delegation(b"k").expect("C may hold the key: still tracked");
+    assert_eq!((d.holder, d.grantee), (C, c.grantee));
+    assert!(drain(&mut home).iter().all(|(_, body)| !matches!(body, Body::Grant { .. })));
+    // Active again: a new requester waits for C, it is not granted the key.
+    auth.active = true;
+    home.handle_message(at(201), N, req(b"k", 30, ms(900)), &auth);
+    let out = drain(&mut home);
+    assert!(out.iter().all(|(to, body)| !matches!(body, Body::Grant { .. }) && *to != N), "{out:?}");
+    assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(C));
 }
