@@ -1507,9 +1507,7 @@ impl Home {
                 _ => break,
             }
         }
-        if let Some(q) = e.queue.as_mut()
-            && q.ahead.iter().any(|n| now >= n.end)
-        {
+        if let Some(q) = e.queue.as_mut() {
             // Past its conservative end a successor holds nothing, whether passed it or not. The
             // one before it passes to it, or releases to this home, which then grants the one
             // after it (a delegation after it may have been passed the key already: it stays).
@@ -1537,8 +1535,11 @@ impl Home {
         let Some(q) = e.queue.as_ref() else { return };
         let due = now >= q.recall_next;
         let first_new = q.ahead.len();
-        let may_pass = (due || !q.waiters.is_empty())
-            && self.config.passes
+        let extends = q.waiters.front().is_some_and(|w| w.from != q.tail(holder));
+        if !due && !extends {
+            return;
+        }
+        let may_pass = self.config.passes
             && self.config.lock_delay.is_zero()
             && matches!(e.role, Role::Home | Role::Adopted)
             && self.may_grant(now, key, e.role, auth).is_ok();
@@ -1555,18 +1556,18 @@ impl Home {
             first_new..q.ahead.len()
         };
         for i in links {
-            let (node, recalled, flag) = match i.checked_sub(1) {
+            let (node, link, sent) = match i.checked_sub(1) {
                 None => (holder, grantee, &mut q.recalled),
                 Some(j) => {
                     let n = &mut q.ahead[j];
                     (n.successor.to, n.successor.grantee, &mut n.recalled)
                 }
             };
-            if !std::mem::replace(flag, true) {
+            if !std::mem::replace(sent, true) {
                 self.counters.recalls += 1;
             }
             let next = q.ahead.get(i).filter(|_| may_pass).map(|n| n.successor);
-            self.send(node, Body::Recall { key: key.to_vec(), grantee: recalled, next });
+            self.send(node, Body::Recall { key: key.to_vec(), grantee: link, next });
         }
     }
 
@@ -1577,8 +1578,8 @@ impl Home {
     fn grant_ahead(&mut self, now: Instant, e: &mut Entry, holder: NodeId, auth: &impl Authority) {
         let Some(q) = e.queue.as_mut() else { return };
         while let Some(&w) = q.waiters.front() {
-            let from = q.ahead.back().map_or(holder, |n| n.successor.to);
-            if w.from == from || self.delegations_of(w.from) >= self.config.limits.max_per_requester {
+            if w.from == q.tail(holder) || self.delegations_of(w.from) >= self.config.limits.max_per_requester
+            {
                 return;
             }
             q.waiters.pop_front();
@@ -1867,6 +1868,14 @@ impl Home {
 
     fn refuse(&mut self, to: NodeId, key: Key, id: RequestId, reason: Refusal) {
         self.send(to, Body::Refuse { key, id, reason });
+    }
+}
+
+impl Queue {
+    /// The node the key passes from to the next successor granted ahead: the last successor's,
+    /// or `holder`'s (the live delegation's) if there is none.
+    fn tail(&self, holder: NodeId) -> NodeId {
+        self.ahead.back().map_or(holder, |n| n.successor.to)
     }
 }
 

@@ -1498,6 +1498,12 @@ fn release_passing(key: &[u8], grantee: Grantee, note: Option<&[u8]>, passed: Op
     Message { epoch: 1, body: Body::Release { key: key.to_vec(), grantee, note, recovered: false, passed } }
 }
 
+/// The `Grant` a home sends by itself, for request `id`, to a successor granted ahead whose
+/// handoff it cannot vouch for: the successor's 500 ms lease, no note, `recovered`.
+fn recovered_grant(id: u64, grantee: Grantee) -> Body {
+    Body::Grant { key: b"k".to_vec(), id: rid(id), grantee, lease: ms(500), note: None, recovered: true }
+}
+
 /// `A` holds `k` (granted at 0); `B` queues at 1 ms and is granted ahead in the Recall to `A`.
 /// Returns A's grantee and B's successor.
 fn granted_ahead(home: &mut Home, auth: &Script) -> (Grantee, Successor) {
@@ -1557,20 +1563,7 @@ fn an_expired_holder_leaves_its_successor_live() {
     let a_end = end_of(at(0), ms(500));
     home.handle_timeout(a_end, &auth);
     let out = drain(&mut home);
-    assert!(
-        out.contains(&(
-            B,
-            Body::Grant {
-                key: b"k".to_vec(),
-                id: rid(10),
-                grantee: next.grantee,
-                lease: ms(500),
-                note: None,
-                recovered: true
-            }
-        )),
-        "{out:?}"
-    );
+    assert!(out.contains(&(B, recovered_grant(10, next.grantee))), "{out:?}");
     assert!(out.iter().all(|(to, _)| *to != C), "C is not granted while B may hold the key: {out:?}");
     let d = home.delegation(b"k").expect("live");
     assert_eq!((d.holder, d.grantee, d.end), (B, next.grantee, end_of(at(1), ms(500))));
@@ -1727,19 +1720,11 @@ fn an_expired_holder_leaves_the_chain_behind_it_in_place() {
     let mut home = passing_home();
     let auth = Script::new(H);
     let (_, b, c) = chained(&mut home, &auth);
-    home.handle_timeout(end_of(at(0), ms(500)), &auth);
-    let grant_b = Body::Grant {
-        key: b"k".to_vec(),
-        id: rid(10),
-        grantee: b.grantee,
-        lease: ms(500),
-        note: None,
-        recovered: true,
-    };
-    let out = drain(&mut home);
-    assert_eq!(out[0], (B, grant_b), "B may hold the key");
-    assert!(out.iter().all(|(to, _)| *to == B), "C stays ahead of B, told nothing: {out:?}");
     let a_end = end_of(at(0), ms(500));
+    home.handle_timeout(a_end, &auth);
+    let out = drain(&mut home);
+    assert_eq!(out[0], (B, recovered_grant(10, b.grantee)), "B may hold the key");
+    assert!(out.iter().all(|(to, _)| *to == B), "C stays ahead of B, told nothing: {out:?}");
     assert!(matches!(
         &check(&mut home, &auth, a_end, b"k", c.grantee.token(0))[..],
         [(C, Body::Probe { .. })]
@@ -1834,15 +1819,7 @@ fn a_successor_past_its_end_leaves_the_chain_behind_it_in_place() {
     home.handle_message(at(200), A, release_passing(b"k", g, Some(b"a"), Some(b.grantee)), &auth);
     let grants: Vec<_> =
         drain(&mut home).into_iter().filter(|(_, b)| matches!(b, Body::Grant { .. })).collect();
-    let grant_c = Body::Grant {
-        key: b"k".to_vec(),
-        id: rid(20),
-        grantee: c.grantee,
-        lease: ms(500),
-        note: None,
-        recovered: true,
-    };
-    assert_eq!(grants, vec![(C, grant_c)]);
+    assert_eq!(grants, vec![(C, recovered_grant(20, c.grantee))]);
 }
 
 /// Found in review: the same release, when the home may not grant at that instant (its home
