@@ -1503,7 +1503,11 @@ impl Home {
                     let last = *last;
                     self.set_free(now, e, None, true, last);
                 }
-                Phase::Free { .. } if e.queue.is_some() => self.promote(now, key, e, auth),
+                // Each promotion grants or refuses at least one waiter, so the loop ends.
+                Phase::Free { .. } if e.queue.as_ref().is_some_and(|q| !q.waiters.is_empty()) => {
+                    debug_assert!(e.ahead().next().is_none(), "a free key has no successors");
+                    self.promote(now, key, e, auth)
+                }
                 _ => break,
             }
         }
@@ -1633,6 +1637,11 @@ impl Home {
         // What the home itself must send the successor, if anything.
         let grant = match how {
             Ended::Passed if self.bugs().forget_passes => {
+                // The chain after `s` is forgotten with it: a free key has no successors.
+                if let Some(q) = e.queue.as_mut() {
+                    q.ahead.clear();
+                }
+                e.tidy_queue();
                 self.set_free(now, e, None, true, s.grantee);
                 return;
             }
