@@ -66,6 +66,11 @@ struct Args {
     /// connection (as runs A to H did), not its blocking one, to compare the two clients.
     #[arg(long)]
     redis_async: bool,
+    /// Run the hot key's contenders each on a thread of its own, with a single-threaded runtime
+    /// (three applications), instead of as tasks on this process's runtime, to measure what that
+    /// placement does to each system's handoffs.
+    #[arg(long)]
+    contenders_on_threads: bool,
 }
 
 impl Args {
@@ -368,44 +373,76 @@ impl NodeTally {
     }
 }
 
-/// [`NODES`] contenders, one per member, on one key for `seconds`.
-async fn hot_key(system: &System, key: &str, seconds: f64) -> Result<Hot, Error> {
+/// [`NODES`] contenders, one per member, on one key for `seconds`: tasks on this runtime's
+/// workers, or with `on_threads` each on a thread of its own with a single-threaded runtime (as
+/// three applications would be, one beside each member).
+async fn hot_key(system: &System, key: &str, seconds: f64, on_threads: bool) -> Result<Hot, Error> {
     let state = Arc::new(Mutex::new(Hot::default()));
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
-    let mut tasks = tokio::task::JoinSet::new();
-    for me in 0..NODES {
-        let mut conn = Conn::open(system, me).await?;
-        let (state, key) = (Arc::clone(&state), key.to_owned());
-        tasks.spawn(async move {
-            while Instant::now() < deadline {
-                let asked = Instant::now();
-                let (held, token) = conn.lock(&key).await?;
-                {
-                    let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
-                    s.waits.push(asked.elapsed());
-                    s.overlaps += u64::from(s.holder.is_some());
-                    s.holder = Some(me);
-                    s.acquisitions += 1;
-                    s.handoffs += u64::from(s.last_holder.is_some_and(|h| h != me));
-                    s.last_holder = Some(me);
-                    if let Some(t) = token {
-                        s.token_regressions += u64::from(s.last_token.is_some_and(|last| last >= t));
-                        s.last_token = Some(t);
-                    }
-                }
-                // Hold across a scheduling point, so an overlapping holder would be seen.
-                tokio::task::yield_now().await;
-                state.lock().unwrap_or_else(|p| p.into_inner()).holder = None;
-                conn.unlock(held).await?;
-            }
-            Ok::<_, Error>(())
-        });
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
+    if on_threads {
+        let contenders: Vec<_> = (0..NODES)
+            .map(|me| {
+                let (state, key, system) = (Arc::clone(&state), key.to_owned(), system.clone());
+                std::thread::spawn(move || -> Result<(), Error> {
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    runtime.block_on(contend(&system, me, &key, &state, deadline))
+                })
+            })
+            .collect();
+        // Joined off this runtime's workers, which the contenders' clients do not use.
+        let joined = tokio::task::spawn_blocking(move || {
+            contenders
+                .into_iter()
+                .map(|t| t.join().unwrap_or_else(|_| Err("a contender panicked".into())))
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        joined.into_iter().collect::<Result<(), Error>>()?;
+    } else {
+        let mut tasks = tokio::task::JoinSet::new();
+        for me in 0..NODES {
+            let (state, key, system) = (Arc::clone(&state), key.to_owned(), system.clone());
+            tasks.spawn(async move { contend(&system, me, &key, &state, deadline).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
     }
     let hot = std::mem::take(&mut *state.lock().unwrap_or_else(|p| p.into_inner()));
     Ok(hot)
+}
+
+/// Contender `me` of [`hot_key`]: locks and unlocks `key` until `deadline`, recording in `state`.
+async fn contend(
+    system: &System,
+    me: usize,
+    key: &str,
+    state: &Mutex<Hot>,
+    deadline: Instant,
+) -> Result<(), Error> {
+    let mut conn = Conn::open(system, me).await?;
+    while Instant::now() < deadline {
+        let asked = Instant::now();
+        let (held, token) = conn.lock(key).await?;
+        {
+            let mut s = state.lock().unwrap_or_else(|p| p.into_inner());
+            s.waits.push(asked.elapsed());
+            s.overlaps += u64::from(s.holder.is_some());
+            s.holder = Some(me);
+            s.acquisitions += 1;
+            s.handoffs += u64::from(s.last_holder.is_some_and(|h| h != me));
+            s.last_holder = Some(me);
+            if let Some(t) = token {
+                s.token_regressions += u64::from(s.last_token.is_some_and(|last| last >= t));
+                s.last_token = Some(t);
+            }
+        }
+        // Hold across a scheduling point, so an overlapping holder would be seen.
+        tokio::task::yield_now().await;
+        state.lock().unwrap_or_else(|p| p.into_inner()).holder = None;
+        conn.unlock(held).await?;
+    }
+    Ok(())
 }
 
 /// `clients` connections, each cycling on its own key for `seconds`; ops/s in all.
@@ -544,7 +581,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
     for system in systems_for(Scenario::Hot) {
         let cpu = CpuTimes::now();
         let before = NodeTally::of(system).await;
-        let result = hot_key(system, &format!("hot-{r}"), args.seconds).await;
+        let result = hot_key(system, &format!("hot-{r}"), args.seconds, args.contenders_on_threads).await;
         let after = NodeTally::of(system).await;
         let tally = move |handoffs| match (before, after) {
             (Some(Ok(before)), Some(Ok(after))) => format!(", {}", after.since(&before, handoffs)),
