@@ -33,6 +33,9 @@ pub enum LockKind {
     /// old home handed it over was not adopted before the activation wait (see
     /// [`super::handover`]).
     ChangePause,
+    /// A pending lock whose client gave up was not withdrawn (`Core::cancel` found it decided
+    /// while its outcome had not come), or was decided after it was withdrawn.
+    Cancel,
 }
 
 /// One broken invariant, at a simulated real instant.
@@ -101,6 +104,8 @@ pub struct LockStats {
     pub admissions: u64,
     pub immediate: u64,
     pub lock_failures: u64,
+    /// Pending locks whose clients gave up (each withdrawn through `Core::cancel`).
+    pub give_ups: u64,
     pub grants: u64,
     /// Delegations a holder passed straight to the successor its Recall named.
     pub passes: u64,

@@ -36,6 +36,9 @@ use super::check::{End, LockChecker, LockKind};
 use super::handover::{Breach, Changes, HandoverStats, Sample};
 use super::scenario::LockScenario;
 
+/// The share of waiting workload locks whose clients give up before their wait is over.
+const GIVE_UP: f64 = 0.1;
+
 #[derive(Debug)]
 enum Ev {
     Deliver {
@@ -139,6 +142,9 @@ pub struct LockWorld {
     script_results: Vec<(usize, usize, Option<Handle>)>,
     /// Live admissions by node and handle, so every revocation reaches the ghost state.
     handles: std::collections::HashMap<(usize, HandleId), usize>,
+    /// Pending locks whose clients gave up and that `Core::cancel` said it withdrew, by node
+    /// (for the node's current run): none of them may be decided afterwards.
+    cancelled: std::collections::HashSet<(usize, Ticket)>,
     /// Per epoch number seen: the home (simulation index) of each key, and the activation wait.
     epochs: std::collections::HashMap<u64, (Vec<Option<usize>>, Duration)>,
     /// Keys with waiting clients across epoch changes (see [`super::handover`]).
@@ -196,6 +202,7 @@ impl LockWorld {
             next_write: 0,
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
+            cancelled: std::collections::HashSet::new(),
             epochs: std::collections::HashMap::new(),
             changes: Changes::new(scenario.calm, scenario.base.trace),
             scenario,
@@ -422,6 +429,7 @@ impl LockWorld {
             self.checker.ended(now, admission, End::Crash);
         }
         self.handles.retain(|(n, _), _| *n != i);
+        self.cancelled.retain(|(n, _)| *n != i);
         for c in 0..self.slots[i].clients.len() {
             let client = &mut self.slots[i].clients[c];
             client.state = CState::Idle;
@@ -892,7 +900,7 @@ impl LockWorld {
                 };
                 self.lock(node, client, key, ttl, wait);
             }
-            CState::Waiting { .. } => {}
+            CState::Waiting { ticket, key } => self.give_up(node, client, ticket, key),
             CState::Holding { handle, key, admission, writes_left, step, last_write } => {
                 let now = self.local(node);
                 if now >= handle.deadline {
@@ -974,6 +982,12 @@ impl LockWorld {
             }
             Ok(LockOutcome::Pending(ticket)) => {
                 self.slots[node].clients[client].state = CState::Waiting { ticket, key };
+                // Some clients give up before their wait is over, as a caller that drops its
+                // lock future, sends `Cancel` or closes its connection does.
+                if !self.slots[node].clients[client].probe && self.rng.chance(GIVE_UP) {
+                    let at = self.now + self.rng.range(0, nanos(wait).max(1));
+                    self.schedule_client(node, client, at);
+                }
             }
             Err(_) => {
                 self.checker.stats.lock_failures += 1;
@@ -983,6 +997,34 @@ impl LockWorld {
                 self.idle(node, client);
             }
         }
+        self.pump(node, false);
+    }
+
+    /// Client `client` of `node`, waiting for `key` under `ticket`, gives up: the node withdraws
+    /// the pending lock through `Core::cancel`, as the runtime does for a caller that went away.
+    /// Outputs are carried out as they come, so a lock still waiting here is undecided: the node
+    /// must withdraw it, and must never decide it afterwards (see [`LockWorld::lock_done`]).
+    fn give_up(&mut self, node: usize, client: usize, ticket: Ticket, key: usize) {
+        let now = self.local(node);
+        let slot = &mut self.slots[node];
+        let Some(core) = slot.core.as_ref() else { return };
+        self.checker.stats.give_ups += 1;
+        if self.scenario.base.trace {
+            println!(
+                "{:>12.6} node {node} client {client}: gives up {ticket:?} (k{key})",
+                self.now as f64 / 1e9
+            );
+        }
+        if core.cancel(now, ticket, &mut slot.out) {
+            self.cancelled.insert((node, ticket));
+        } else {
+            self.checker.violation(
+                self.now,
+                LockKind::Cancel,
+                format!("node {node} could not withdraw the undecided lock {ticket:?} of k{key}"),
+            );
+        }
+        self.idle(node, client);
         self.pump(node, false);
     }
 
@@ -1034,6 +1076,20 @@ impl LockWorld {
     fn lock_done(&mut self, node: usize, ticket: Ticket, result: Result<Handle, LockError>) {
         if self.scenario.base.trace {
             println!("{:>12.6} node {node}: lock {ticket:?} {result:?}", self.now as f64 / 1e9);
+        }
+        if self.cancelled.remove(&(node, ticket)) {
+            self.checker.violation(
+                self.now,
+                LockKind::Cancel,
+                format!("node {node} decided the lock {ticket:?} after withdrawing it: {result:?}"),
+            );
+            // The runtime unlocks a handle nobody claims: so does the simulation.
+            let now = self.local(node);
+            let slot = &mut self.slots[node];
+            if let (Ok(handle), Some(core)) = (result, slot.core.as_ref()) {
+                let _ = core.unlock(now, handle.id, handle.note, &mut slot.out);
+            }
+            return;
         }
         let Some(c) =
             self.find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
