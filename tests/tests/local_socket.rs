@@ -1,6 +1,6 @@
 //! The client API on a node's Unix socket (node/src/local.rs), against real `keyhome run`
 //! processes: identity from the peer's uid, refused peers, bad frames, many requests in flight,
-//! pipelined unlocks and relocks, casts, sessions and lost-lock events as on QUIC.
+//! pipelined unlocks and relocks, casts, withdrawn calls, sessions and lost-lock events as on QUIC.
 //!
 //! The harness lays every node out with a socket on which this test's uid is the client `app`
 //! (the identity of the `app` certificate on QUIC); tests that need other mappings rewrite a
@@ -382,6 +382,41 @@ async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
         other => panic!("a cast Subscribe answered {other:?}"),
     }
     assert!(read_frame(&mut stream).is_none(), "the node closes the connection");
+}
+
+/// A lock call withdrawn with `Cancel` (what the Rust client sends when a lock future is dropped)
+/// while it waits at the home leaves nothing behind: it is never answered, and when the holder
+/// unlocks, the key goes to the next waiter at once, cleanly, not to the withdrawn call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_lock_is_never_answered_and_holds_nothing() {
+    // The withdrawn call's ttl outlives every wait below: had it been admitted, the other
+    // client's lock would fail after PATIENCE.
+    const OUTLIVES: Duration = Duration::from_secs(600);
+    let cluster = started().await;
+    let key = key_homed_on("cancelled", &[1, 2, 3], 2);
+    let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
+    let mut stream = raw_connection(&cluster.local_socket(1));
+    let lock = Request::Lock { key: key.clone(), ttl: OUTLIVES, wait: PATIENCE };
+    send_frame(&mut stream, &LocalRequest::Call { id: 1, request: lock });
+    // Frames are started in order: once the status is answered, the lock waits (node 1 has
+    // asked the key's home for it).
+    let status = |stream: &mut std::os::unix::net::UnixStream, id: u64| {
+        send_frame(stream, &LocalRequest::Call { id, request: Request::Status });
+        match read_frame(stream) {
+            Some(LocalFrame::Answer { id: answered, response: Response::Status(_) }) if answered == id => {}
+            other => panic!("the first frame back after status call {id} is {other:?}"),
+        }
+    };
+    status(&mut stream, 2);
+    send_frame(&mut stream, &LocalRequest::Cancel { id: 1 });
+    status(&mut stream, 3);
+    holder.unlock(None).await.expect("unlock");
+    let other = cluster.client(2).await;
+    let next = other.lock(&key, TTL, PATIENCE).await.expect("the withdrawn lock does not hold the key");
+    assert!(!next.recovered(), "the key was handed on cleanly, not left to run out");
+    next.unlock(None).await.expect("unlock");
+    // Nothing was sent for the withdrawn call meanwhile: the next frame answers the next call.
+    status(&mut stream, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
