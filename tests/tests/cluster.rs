@@ -172,6 +172,50 @@ async fn a_dropped_client_session_keeps_its_locks_until_their_deadline() {
     assert!(lock.token() > first, "tokens increase: {} then {}", first, lock.token());
 }
 
+/// A lock call whose future the application drops while it waits (the client resets its QUIC
+/// stream) is withdrawn at its node: the node lists it waiting, then not, and when the holder
+/// unlocks, the key goes to the next waiter at once, cleanly, not to the dropped call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
+    // The node the dropped call waits on asks for the key, so the holder is recalled: its handle
+    // lasts until its delegation ends. 5 s delegations keep that end far past the unlock below.
+    let mut options = Options::default();
+    options.timing.max_delegation_lease = Duration::from_secs(5);
+    options.locks.delegation_lease_ms = 5000;
+    let cluster = started(options).await;
+    let key = key_homed_on("withdrawn", &[1, 2, 3], 2);
+    let shown = keyhome::status::show_key(&key);
+    // The dropped call's ttl and wait outlive every wait below: had it stayed queued, node 1
+    // would have admitted it once the holder's recalled delegation ran out, and the holder's
+    // unlock would find its handle gone.
+    const OUTLIVES: Duration = Duration::from_secs(600);
+    let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
+    let quitter = cluster.client(1).await;
+    let call = {
+        // A clone shares the connection, which outlives the call: only its stream is reset.
+        let (quitter, key) = (quitter.clone(), key.clone());
+        tokio::spawn(async move { quitter.lock(&key, OUTLIVES, OUTLIVES).await.map(|_| ()) })
+    };
+    let observer = cluster.client(1).await;
+    let waits_on_1 = |expected: bool| {
+        let (observer, shown) = (&observer, &shown);
+        async move {
+            let status = observer.status().await.ok()?;
+            (status.waiting.iter().any(|w| &w.key == shown) == expected).then_some(())
+        }
+    };
+    harness::eventually(PATIENCE, "node 1 lists the lock call waiting", || waits_on_1(true)).await;
+    call.abort();
+    let _ = call.await;
+    harness::eventually(PATIENCE, "node 1 withdraws the dropped lock call", || waits_on_1(false)).await;
+    holder.unlock(None).await.expect("the holder still holds the key: the dropped call took nothing");
+    let next =
+        cluster.client(2).await.lock(&key, TTL, PATIENCE).await.expect("the dropped call holds nothing");
+    assert!(!next.recovered(), "the key was handed on cleanly, not left to run out");
+    next.unlock(None).await.expect("unlock");
+    quitter.status().await.expect("the connection of the dropped call still serves");
+}
+
 // ---- 5 ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

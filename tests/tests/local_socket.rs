@@ -392,7 +392,12 @@ async fn a_cancelled_lock_is_never_answered_and_holds_nothing() {
     // The withdrawn call's ttl outlives every wait below: had it been admitted, the other
     // client's lock would fail after PATIENCE.
     const OUTLIVES: Duration = Duration::from_secs(600);
-    let cluster = started().await;
+    // Node 1 asks for the key, so the holder is recalled: its handle lasts until its delegation
+    // ends. 5 s delegations keep that end far past the unlock below.
+    let mut options = Options::default();
+    options.timing.max_delegation_lease = Duration::from_secs(5);
+    options.locks.delegation_lease_ms = 5000;
+    let cluster = started_with(options, |_, _| {}).await;
     let key = key_homed_on("cancelled", &[1, 2, 3], 2);
     let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
     let mut stream = raw_connection(&cluster.local_socket(1));
@@ -410,7 +415,7 @@ async fn a_cancelled_lock_is_never_answered_and_holds_nothing() {
     status(&mut stream, 2);
     send_frame(&mut stream, &LocalRequest::Cancel { id: 1 });
     status(&mut stream, 3);
-    holder.unlock(None).await.expect("unlock");
+    holder.unlock(None).await.expect("the holder still holds the key: the withdrawn call took nothing");
     let other = cluster.client(2).await;
     let next = other.lock(&key, TTL, PATIENCE).await.expect("the withdrawn lock does not hold the key");
     assert!(!next.recovered(), "the key was handed on cleanly, not left to run out");
