@@ -43,6 +43,17 @@ pub struct Options {
     pub locks: LockSettings,
 }
 
+impl Options {
+    /// The default options with delegations of `lease` (at most, and as granted), for tests that
+    /// need a delegation to outlast something.
+    pub fn with_delegation_lease(lease: Duration) -> Options {
+        let mut options = Options::default();
+        options.timing.max_delegation_lease = lease;
+        options.locks.delegation_lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX);
+        options
+    }
+}
+
 impl Default for Options {
     /// Three nodes, short leases: 500 ms home lease, 1 s delegations (so a fresh node's restart
     /// quarantine and an expiry both take about a second), idle delegations released after

@@ -70,9 +70,7 @@ async fn three_nodes_form_a_cluster_from_genesis() {
 async fn lock_hands_off_between_nodes_with_the_note() {
     // Node 1 gives its idle delegation back (with the note) 400 ms after the unlock; a 2 s lease
     // leaves a wide margin before the home could expire it instead (which would drop the note).
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(2);
-    options.locks.delegation_lease_ms = 2000;
+    let options = Options::with_delegation_lease(Duration::from_secs(2));
     let cluster = started(options).await;
     let key = b"orders/handoff";
     let (n1, n2) = (cluster.client(1).await, cluster.client(2).await);
@@ -95,9 +93,7 @@ async fn cached_relock_sends_no_cluster_message() {
     // A delegation long enough that it is not renewed during the measurement (the holder renews a
     // busy delegation half-way through its lease: 1.5 s after the first request here; the re-locks
     // take milliseconds), and kept while idle for longer than that.
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(3);
-    options.locks.delegation_lease_ms = 3000;
+    let mut options = Options::with_delegation_lease(Duration::from_secs(3));
     options.locks.idle_release_ms = 2000;
     let cluster = started(options).await;
     // Homed on node 2, locked through node 1: any delegation traffic would cross the network.
@@ -179,9 +175,7 @@ async fn a_dropped_client_session_keeps_its_locks_until_their_deadline() {
 async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
     // The node the dropped call waits on asks for the key, so the holder is recalled: its handle
     // lasts until its delegation ends. 5 s delegations keep that end far past the unlock below.
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(5);
-    options.locks.delegation_lease_ms = 5000;
+    let options = Options::with_delegation_lease(Duration::from_secs(5));
     let cluster = started(options).await;
     let key = key_homed_on("withdrawn", &[1, 2, 3], 2);
     let shown = keyhome::status::show_key(&key);
@@ -306,9 +300,7 @@ async fn restarted_node_keeps_tokens_increasing() {
 async fn planned_removal_rehomes_keys_without_the_lease_wait() {
     // Long delegations, so the activation wait (home lease + delegation lease, widened) is seconds
     // while a handover takes milliseconds. Idle delegations go back quickly.
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(4);
-    options.locks.delegation_lease_ms = 4000;
+    let mut options = Options::with_delegation_lease(Duration::from_secs(4));
     options.locks.idle_release_ms = 200;
     let cluster = started(options).await;
     let key = key_homed_on("planned", &[1, 2, 3], 3);

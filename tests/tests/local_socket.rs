@@ -394,9 +394,7 @@ async fn a_cancelled_lock_is_never_answered_and_holds_nothing() {
     const OUTLIVES: Duration = Duration::from_secs(600);
     // Node 1 asks for the key, so the holder is recalled: its handle lasts until its delegation
     // ends. 5 s delegations keep that end far past the unlock below.
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(5);
-    options.locks.delegation_lease_ms = 5000;
+    let options = Options::with_delegation_lease(Duration::from_secs(5));
     let cluster = started_with(options, |_, _| {}).await;
     let key = key_homed_on("cancelled", &[1, 2, 3], 2);
     let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");

@@ -16,10 +16,7 @@ use keyhome::pki::Role;
 /// Delegations of 4 s, so that a lock's `valid_for` (at least half of that) leaves room for a
 /// 500 ms `--kill-after`.
 fn options() -> Options {
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(4);
-    options.locks.delegation_lease_ms = 4000;
-    options
+    Options::with_delegation_lease(Duration::from_secs(4))
 }
 
 async fn started() -> Cluster {

@@ -33,9 +33,7 @@ async fn token_in(path: &Path) -> FencingToken {
 async fn token_check_tells_held_superseded_ended_and_unknown_apart() {
     // Delegations idle for up to 5 s are kept (6 s leases): the tour's locks, run one after the
     // other, re-lock under one delegation on node 1 unless one CLI call takes seconds.
-    let mut options = Options::default();
-    options.timing.max_delegation_lease = Duration::from_secs(6);
-    options.locks.delegation_lease_ms = 6000;
+    let mut options = Options::with_delegation_lease(Duration::from_secs(6));
     options.locks.idle_release_ms = 5000;
     let cluster = Cluster::start(options);
     cluster.wait_ready(&cluster.ids(), 1).await;
