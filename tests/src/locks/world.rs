@@ -1083,13 +1083,7 @@ impl LockWorld {
                 LockKind::Cancel,
                 format!("node {node} decided the lock {ticket:?} after withdrawing it: {result:?}"),
             );
-            // The runtime unlocks a handle nobody claims: so does the simulation.
-            let now = self.local(node);
-            let slot = &mut self.slots[node];
-            if let (Ok(handle), Some(core)) = (result, slot.core.as_ref()) {
-                let _ = core.unlock(now, handle.id, handle.note, &mut slot.out);
-            }
-            return;
+            return; // the run stops at this violation
         }
         let Some(c) =
             self.find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
