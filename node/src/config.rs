@@ -104,6 +104,14 @@ pub struct NodeConfig {
     /// default). Nodes that share a host should split its cores between them. [0]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub worker_threads: usize,
+    /// Busy polling (µs): after each call into the node's core, one worker keeps polling the
+    /// sockets this long before it sleeps, so that the next message of an exchange is read
+    /// without waking a sleeping CPU; at most 10 000. It costs up to a core while calls come
+    /// closer together than this; for a host whose idle CPUs are slow to wake (a VM without halt
+    /// polling) with cores to spare (docs/operations.md, "On virtual machines: idle polling").
+    /// [0: off]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub busy_poll_us: u64,
     /// Key shards of the node's core: each is the home and holder of the keys that hash to it,
     /// behind its own lock, so calls about keys of different shards run on different threads at
     /// once (at most 64). 0: `worker_threads`, or one per core (at most 16) when that is 0 too.
@@ -115,8 +123,8 @@ pub struct NodeConfig {
     pub limits: crate::admission::Limits,
 }
 
-fn is_zero(n: &usize) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 /// The local client socket (`[local]` in `node.toml`): who may connect is decided by the
@@ -329,6 +337,16 @@ impl NodeConfig {
             local.socket = resolve(&base, &local.socket);
             local.check().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         }
+        if config.busy_poll_us > crate::busy_poll::MAX_WINDOW.as_micros() as u64 {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "busy_poll_us = {} is more than {}: busy polling is for the gaps within an exchange",
+                    config.busy_poll_us,
+                    crate::busy_poll::MAX_WINDOW.as_micros()
+                ),
+            });
+        }
         config
             .limits
             .check()
@@ -525,6 +543,7 @@ mod tests {
             http: None,
             local: None,
             worker_threads: 0,
+            busy_poll_us: 0,
             shards: 0,
             limits: Default::default(),
         };

@@ -22,6 +22,7 @@ pub mod admission;
 pub mod api;
 #[cfg(feature = "bug-injection")]
 pub mod bugs;
+pub mod busy_poll;
 pub mod client;
 pub mod clock;
 pub mod config;

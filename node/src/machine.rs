@@ -77,7 +77,8 @@ pub fn log_notes() {
             tracing::info!(
                 %idle,
                 "idle vCPUs halt without polling: every wake-up across vCPUs goes through the \
-                 hypervisor, which can double lock latency (docs/operations.md, idle polling)"
+                 hypervisor, which can double lock latency (docs/operations.md, idle polling: \
+                 halt polling in the guest, or busy_poll_us in node.toml)"
             );
         }
     });

@@ -44,6 +44,7 @@ use keyhome_ring::ROUTING_VERSION;
 use tokio::sync::{Notify, mpsc, oneshot, watch};
 
 use crate::admission::{Admission, Incident, Limits, Verdict};
+use crate::busy_poll::BusyPoll;
 use crate::clock::{BootClock, MAX_SLEEP};
 use crate::config::{ConfigError, GenesisFile, NodeConfig};
 pub(crate) use crate::core::lock;
@@ -297,6 +298,8 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     /// The longest key the holder accepts (fixed at start): read without the core's lock.
     pub max_key_len: usize,
+    /// Busy polling, when `busy_poll_us` turns it on: told of every call into the core.
+    busy_poll: Option<Arc<BusyPoll>>,
     rt: tokio::runtime::Handle,
 }
 
@@ -442,6 +445,7 @@ impl Node {
             metrics: crate::metrics::RuntimeMetrics::default(),
             admission: Admission::new(config.limits.clone()),
             max_key_len,
+            busy_poll: BusyPoll::new(Duration::from_micros(config.busy_poll_us)),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -453,6 +457,9 @@ impl Node {
                 .map_err(|e| NodeError::WriteFailed(format!("cannot start the persistence thread: {e}")))?
         };
         tokio::spawn(timer_loop(Arc::clone(&shared)));
+        if let Some(poller) = &shared.busy_poll {
+            tokio::spawn(Arc::clone(poller).run(shared.clock, shared.shutdown.subscribe()));
+        }
         tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
         tokio::spawn(log_summaries(Arc::clone(&shared)));
         let shares_clients = shared.client_endpoint.is_none();
@@ -573,6 +580,9 @@ impl Shared {
     #[inline]
     pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&Core, Instant, &mut Carrier<'_>) -> R) -> R {
         let now = self.clock.now();
+        if let Some(poller) = &self.busy_poll {
+            poller.touch(now);
+        }
         let mut carrier = Carrier::new(self, now);
         let result = f(&self.core, now, &mut carrier);
         carrier.finish();

@@ -249,6 +249,7 @@ pub fn stage_node_config(
         http: Some(HttpConfig::local(loopback(listen.port()))),
         local: host.local,
         worker_threads: host.worker_threads,
+        busy_poll_us: 0,
         shards: 0,
         limits: Default::default(),
     };

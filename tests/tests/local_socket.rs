@@ -15,6 +15,7 @@ use keyhome::config::{LocalAllow, LocalRole, LocalSettings, NodeConfig, write_to
 use keyhome::wire::{ErrorKind, EventKind, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
 use keyhome_epoch::{Change, NodeId};
 use keyhome_sim::cluster::{Cluster, Options, PATIENCE, key_homed_on};
+use keyhome_sim::hostile::measure::cpu_time;
 
 /// A ttl long enough that no test's handle runs out while the test uses it.
 const TTL: Duration = Duration::from_secs(20);
@@ -481,4 +482,35 @@ async fn nodes_sharing_a_host_run_their_share_of_worker_threads() {
             .count();
         assert_eq!(runtime_workers, workers, "node {id}");
     }
+}
+
+/// `busy_poll_us` (node/src/busy_poll.rs): nodes that busy-poll their sockets after each call still hand a
+/// key over between them in order, and sleep once calls stop: over an idle stretch all three use
+/// a small part of the CPU time one poller that never slept would burn on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_polling_nodes_hand_keys_over_and_sleep_once_calls_stop() {
+    const IDLE: Duration = Duration::from_secs(2);
+    let mut cluster = Cluster::layout(Options::default());
+    for id in cluster.ids() {
+        cluster.edit_config(id, |config| config.busy_poll_us = 500);
+        cluster.start_node(id);
+    }
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    let key = key_homed_on("polled", &[1, 2, 3], 3);
+    let clients = [cluster.local_client(1).await, cluster.local_client(2).await];
+    let mut last = None;
+    for i in 0..200 {
+        let handle = clients[i % 2].lock(&key, TTL, PATIENCE).await.expect("lock");
+        assert!(last.is_none_or(|token| handle.token() > token), "tokens increase");
+        last = Some(handle.token());
+        handle.unlock(None).await.expect("unlock");
+    }
+    let pids: Vec<u32> = cluster.ids().into_iter().map(|id| cluster.pid(id).expect("running")).collect();
+    let cpu = || -> Duration { pids.iter().map(|&pid| cpu_time(pid).expect("the node runs")).sum() };
+    let (before, slept) = (cpu(), Instant::now());
+    tokio::time::sleep(IDLE).await;
+    let (used, idle) = (cpu() - before, slept.elapsed());
+    // A poller that never slept would keep a CPU busy the whole stretch (less only if the
+    // machine gave it less); idle nodes with timers due now and then use a few per cent of one.
+    assert!(used < idle / 4, "three idle nodes used {used:?} of CPU time in {idle:?}");
 }

@@ -18,6 +18,7 @@ use keyhome_compare::{
     Error, NODES, cluster_options, loadavg, machine_line, micros, percentile, wakeup_line,
 };
 use keyhome_sim::cluster::Cluster;
+use keyhome_sim::hostile::measure::cpu_time;
 
 /// How long a lock is asked for (no scenario holds one nearly this long).
 const TTL: Duration = Duration::from_secs(10);
@@ -71,6 +72,11 @@ struct Args {
     /// placement does to each system's handoffs.
     #[arg(long)]
     contenders_on_threads: bool,
+    /// Also run keyhome on a second cluster whose nodes poll their sockets for this many µs
+    /// after each call before they sleep (`busy_poll_us` in `node.toml`; 0: no such cluster),
+    /// to measure what busy polling buys and costs beside the default nodes.
+    #[arg(long, default_value_t = 0)]
+    busy_poll_us: u64,
 }
 
 impl Args {
@@ -109,10 +115,14 @@ impl Args {
 #[derive(Clone, Debug)]
 enum System {
     /// keyhome on its nodes' local sockets (one per node); `pipelined`: unlocks sent without
-    /// waiting for the answer.
+    /// waiting for the answer; `busy_poll`: the cluster whose nodes busy-poll
+    /// (`--busy-poll-us`).
     Keyhome {
         sockets: Vec<PathBuf>,
+        /// The nodes' processes, for their CPU time.
+        pids: Vec<u32>,
         pipelined: bool,
+        busy_poll: bool,
     },
     Etcd(Vec<String>),
     Zookeeper(Vec<String>),
@@ -125,8 +135,12 @@ enum System {
 impl System {
     fn name(&self) -> &'static str {
         match self {
-            System::Keyhome { pipelined: false, .. } => "keyhome",
-            System::Keyhome { pipelined: true, .. } => "keyhome (pipelined unlock)",
+            System::Keyhome { pipelined: false, busy_poll: false, .. } => "keyhome",
+            System::Keyhome { pipelined: true, busy_poll: false, .. } => "keyhome (pipelined unlock)",
+            System::Keyhome { pipelined: false, busy_poll: true, .. } => "keyhome, busy polling",
+            System::Keyhome { pipelined: true, busy_poll: true, .. } => {
+                "keyhome, busy polling (pipelined unlock)"
+            }
             System::Etcd(_) => "etcd v3lock",
             System::Zookeeper(_) => "ZooKeeper",
             System::Redis { aof: false, .. } => "Redis (memory)",
@@ -186,7 +200,7 @@ impl Conn {
     /// Connection number `i` (spread over the members).
     async fn open(system: &System, i: usize) -> Result<Conn, Error> {
         Ok(match system {
-            System::Keyhome { sockets, pipelined } => {
+            System::Keyhome { sockets, pipelined, .. } => {
                 let client = Client::connect_local(&sockets[i % sockets.len()]).await?;
                 Conn::Keyhome { client, pipelined: *pipelined }
             }
@@ -331,22 +345,28 @@ struct Hot {
 
 /// The keyhome nodes' own counters, summed over the cluster and over every key (the idle
 /// releases of earlier scenarios' keys too): delegation messages between nodes (not those a node
-/// sends itself, as the key's home), and locks admitted with no message.
+/// sends itself, as the key's home), locks admitted with no message, and the CPU time the
+/// nodes' processes used.
 struct NodeTally {
     delegation_sent: u64,
     locks: u64,
     locks_immediate: u64,
+    cpu: Duration,
 }
 
 impl NodeTally {
     /// The counters of `system`'s nodes now, if it is keyhome.
     async fn of(system: &System) -> Option<Result<NodeTally, Error>> {
-        let System::Keyhome { sockets, .. } = system else { return None };
-        Some(NodeTally::now(sockets).await)
+        let System::Keyhome { sockets, pids, .. } = system else { return None };
+        Some(NodeTally::now(sockets, pids).await)
     }
 
-    async fn now(sockets: &[PathBuf]) -> Result<NodeTally, Error> {
-        let mut tally = NodeTally { delegation_sent: 0, locks: 0, locks_immediate: 0 };
+    async fn now(sockets: &[PathBuf], pids: &[u32]) -> Result<NodeTally, Error> {
+        let cpu = pids
+            .iter()
+            .map(|&pid| cpu_time(pid).ok_or(format!("node process {pid} is gone")))
+            .sum::<Result<_, _>>()?;
+        let mut tally = NodeTally { delegation_sent: 0, locks: 0, locks_immediate: 0, cpu };
         for socket in sockets {
             let status = Client::connect_local(socket).await?.status().await?;
             tally.delegation_sent += status.counters.delegation_sent;
@@ -356,8 +376,8 @@ impl NodeTally {
         Ok(tally)
     }
 
-    /// Delegation messages between nodes per handoff, and the share of locks admitted at once,
-    /// since `before`, for a run of `handoffs` handoffs.
+    /// Delegation messages between nodes and the nodes' CPU time per handoff, and the share of
+    /// locks admitted at once, since `before`, for a run of `handoffs` handoffs.
     fn since(&self, before: &NodeTally, handoffs: u64) -> String {
         if handoffs == 0 {
             return "no handoff to count messages for".into();
@@ -366,9 +386,10 @@ impl NodeTally {
         let locks = self.locks.saturating_sub(before.locks).max(1);
         let immediate = self.locks_immediate.saturating_sub(before.locks_immediate);
         format!(
-            "{:.2} delegation messages between nodes per handoff (all keys), {:.1} % of locks admitted at once",
+            "{:.2} delegation messages between nodes per handoff (all keys), {:.1} % of locks admitted at once, nodes' CPU {:.0} µs per handoff",
             sent as f64 / handoffs as f64,
-            100.0 * immediate as f64 / locks as f64
+            100.0 * immediate as f64 / locks as f64,
+            self.cpu.saturating_sub(before.cpu).as_secs_f64() * 1e6 / handoffs as f64
         )
     }
 }
@@ -625,7 +646,7 @@ async fn round(args: &Args, cluster: &Cluster, systems: &[System], round: usize)
             // Spawned as etcdctl is: `Cluster::cli_command`'s death signal (a `pre_exec`) makes
             // std fork this whole process, 0.1 to 0.5 ms a run that etcdctl did not pay
             // (docs/benchmarks.md, run M).
-            System::Keyhome { pipelined: false, .. } => cli_p50(
+            System::Keyhome { pipelined: false, busy_poll: false, .. } => cli_p50(
                 || cluster.cli_spawned(&["lock", "--profile", &profile, "cli-key", "--", "true"]),
                 args.cli_runs,
             ),
@@ -659,11 +680,31 @@ async fn main() -> Result<(), Error> {
     let args = Args::parse();
     let cluster = Cluster::start(cluster_options());
     cluster.wait_ready(&cluster.ids(), 1).await;
-    let sockets: Vec<PathBuf> = cluster.ids().into_iter().map(|id| cluster.local_socket(id)).collect();
-    let mut systems: Vec<System> = [false, true]
-        .into_iter()
-        .map(|pipelined| System::Keyhome { sockets: sockets.clone(), pipelined })
-        .collect();
+    let keyhome = |cluster: &Cluster, busy_poll: bool| {
+        let sockets: Vec<PathBuf> = cluster.ids().into_iter().map(|id| cluster.local_socket(id)).collect();
+        let pids: Vec<u32> = cluster.ids().into_iter().filter_map(|id| cluster.pid(id)).collect();
+        [false, true].map(|pipelined| System::Keyhome {
+            sockets: sockets.clone(),
+            pids: pids.clone(),
+            pipelined,
+            busy_poll,
+        })
+    };
+    let mut systems: Vec<System> = keyhome(&cluster, false).into();
+    // Kept alive for the run; idle (a timer call now and then) while the other systems run.
+    let polled = match args.busy_poll_us {
+        0 => None,
+        us => {
+            let mut polled = Cluster::layout(cluster_options());
+            for id in polled.ids() {
+                polled.edit_config(id, |config| config.busy_poll_us = us);
+                polled.start_node(id);
+            }
+            polled.wait_ready(&polled.ids(), 1).await;
+            systems.extend(keyhome(&polled, true));
+            Some(polled)
+        }
+    };
     systems.extend(split(&args.etcd).map(System::Etcd));
     systems.extend(split(&args.zookeeper).map(System::Zookeeper));
     systems.extend(args.redis.clone().map(|url| System::Redis { url, aof: false }));
@@ -672,6 +713,12 @@ async fn main() -> Result<(), Error> {
     println!("# keyhome side by side: {} rounds; {}", args.rounds, std::env::consts::ARCH);
     println!("systems: {}", systems.iter().map(System::name).collect::<Vec<_>>().join(", "));
     println!("{}", machine_line());
+    if polled.is_some() {
+        println!(
+            "keyhome, busy polling: a second cluster, its nodes with busy_poll_us = {}",
+            args.busy_poll_us
+        );
+    }
 
     let mut all = Vec::new();
     for r in 0..args.rounds {

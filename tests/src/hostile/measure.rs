@@ -31,6 +31,18 @@ pub fn memory(pid: u32) -> Option<Memory> {
     Some(Memory { rss_kib: field("VmRSS:")?, peak_kib: field("VmHWM:")? })
 }
 
+/// The CPU time process `pid` has used so far (user and system, at the kernel's clock-tick
+/// resolution), from `/proc/PID/stat`; `None` if it is gone.
+pub fn cpu_time(pid: u32) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command's closing parenthesis start at the state (field 3); utime and
+    // stime are fields 14 and 15.
+    let mut fields = stat.get(stat.rfind(')')? + 1..)?.split_whitespace().skip(11);
+    let mut ticks = || fields.next()?.parse::<u64>().ok();
+    let ticks = ticks()? + ticks()?;
+    Some(Duration::from_secs_f64(ticks as f64 / rustix::param::clock_ticks_per_second() as f64))
+}
+
 /// Bytes node `id` has written to its log so far.
 pub fn log_bytes(cluster: &Cluster, id: u64) -> u64 {
     std::fs::metadata(cluster.node_dir(id).join("node.log")).map_or(0, |m| m.len())
