@@ -104,9 +104,9 @@ pub struct NodeConfig {
     /// default). Nodes that share a host should split its cores between them. [0]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub worker_threads: usize,
-    /// Busy polling (µs): after each call into the node's core, one worker keeps polling the
-    /// sockets this long before it sleeps, so that the next message of an exchange is read
-    /// without waking a sleeping CPU; at most 10 000. It costs up to a core while calls come
+    /// Busy polling (µs): after each message to or from another node, one worker keeps polling
+    /// the sockets this long before it sleeps, so that the next message of the exchange is read
+    /// without waking a sleeping CPU; at most 10 000. It costs up to a core while messages come
     /// closer together than this; for a host whose idle CPUs are slow to wake (a VM without halt
     /// polling) with cores to spare (docs/operations.md, "On virtual machines: idle polling").
     /// [0: off]

@@ -156,6 +156,7 @@ impl Sink for Carrier<'_> {
         let shared = self.shared;
         match output {
             Output::Transmit { to, message } => {
+                shared.peer_traffic(self.now);
                 let mut links = lock(&shared.links);
                 let link = links.entry(to).or_insert_with(|| shared.spawn_link(to));
                 if link.tx.try_send(message.into()).is_err() {
@@ -298,7 +299,7 @@ pub(crate) struct Shared {
     pub admission: Arc<Admission>,
     /// The longest key the holder accepts (fixed at start): read without the core's lock.
     pub max_key_len: usize,
-    /// Busy polling, when `busy_poll_us` turns it on: told of every call into the core.
+    /// Busy polling, when `busy_poll_us` turns it on: told of every message to or from a peer.
     busy_poll: Option<Arc<BusyPoll>>,
     rt: tokio::runtime::Handle,
 }
@@ -580,13 +581,20 @@ impl Shared {
     #[inline]
     pub fn with_core<R>(self: &Arc<Self>, f: impl FnOnce(&Core, Instant, &mut Carrier<'_>) -> R) -> R {
         let now = self.clock.now();
-        if let Some(poller) = &self.busy_poll {
-            poller.touch(now);
-        }
         let mut carrier = Carrier::new(self, now);
         let result = f(&self.core, now, &mut carrier);
         carrier.finish();
         result
+    }
+
+    /// Tells the busy poller, if there is one, that a message went to or came from another node
+    /// at `now`: the answer, or the next message of the exchange, is likely to follow soon. Calls
+    /// that stay on this node (a re-lock under a held delegation) do not make it poll.
+    #[inline]
+    fn peer_traffic(&self, now: Instant) {
+        if let Some(poller) = &self.busy_poll {
+            poller.touch(now);
+        }
     }
 
     /// Locks `key` for `owner`; `reply` gets the outcome if the lock is left pending.
@@ -982,9 +990,10 @@ async fn read_peer_stream(
     loop {
         match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
             Ok(Some(frame)) => match frame.into_message() {
-                Some(message) => {
-                    shared.with_core(|core, now, out| core.handle_message(now, peer, message, out))
-                }
+                Some(message) => shared.with_core(|core, now, out| {
+                    shared.peer_traffic(now);
+                    core.handle_message(now, peer, message, out)
+                }),
                 None => return close(CloseCode::BadFrame, "a second Hello on one stream".into()),
             },
             Ok(None) => return,

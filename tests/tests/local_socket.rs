@@ -484,11 +484,11 @@ async fn nodes_sharing_a_host_run_their_share_of_worker_threads() {
     }
 }
 
-/// `busy_poll_us` (node/src/busy_poll.rs): nodes that busy-poll their sockets after each call still hand a
-/// key over between them in order, and sleep once calls stop: over an idle stretch all three use
-/// a small part of the CPU time one poller that never slept would burn on its own.
+/// `busy_poll_us` (node/src/busy_poll.rs): nodes that busy-poll their sockets after each message
+/// between them still hand a key over in order, and sleep once messages stop: over an idle
+/// stretch all three use a small part of the CPU time one poller that never slept would burn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn busy_polling_nodes_hand_keys_over_and_sleep_once_calls_stop() {
+async fn busy_polling_nodes_hand_keys_over_and_sleep_once_messages_stop() {
     const IDLE: Duration = Duration::from_secs(2);
     let mut cluster = Cluster::layout(Options::default());
     for id in cluster.ids() {
