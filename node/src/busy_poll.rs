@@ -15,7 +15,11 @@
 //! not a time slice. Off (0) by default, as a sidecar sharing its host should be.
 //!
 //! The poller is a task: `tokio::task::yield_now` puts it back behind the runtime's poll of its
-//! sockets (a poll that does not sleep), so each round of the loop reads whatever arrived.
+//! sockets (a poll that does not sleep), so each round of the loop reads whatever arrived. That
+//! poll needs the runtime's I/O driver, which a multi-thread runtime's idle worker holds while it
+//! sleeps in `epoll_wait`: with more than one worker, the kernel wakes that worker for each
+//! message whatever the poller does, so busy polling is for nodes with one worker thread (the
+//! node warns at start otherwise).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

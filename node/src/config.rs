@@ -108,8 +108,8 @@ pub struct NodeConfig {
     /// the sockets this long before it sleeps, so that the next message of the exchange is read
     /// without waking a sleeping CPU; at most 10 000. It costs up to a core while messages come
     /// closer together than this; for a host whose idle CPUs are slow to wake (a VM without halt
-    /// polling) with cores to spare (docs/operations.md, "On virtual machines: idle polling").
-    /// [0: off]
+    /// polling) with cores to spare, and a node of one worker thread (docs/operations.md, "On
+    /// virtual machines: idle polling"). [0: off]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub busy_poll_us: u64,
     /// Key shards of the node's core: each is the home and holder of the keys that hash to it,

@@ -460,6 +460,15 @@ impl Node {
         tokio::spawn(timer_loop(Arc::clone(&shared)));
         if let Some(poller) = &shared.busy_poll {
             tokio::spawn(Arc::clone(poller).run(shared.clock, shared.shutdown.subscribe()));
+            let workers = tokio::runtime::Handle::current().metrics().num_workers();
+            if workers > 1 {
+                tracing::warn!(
+                    workers,
+                    "busy_poll_us does little with more than one worker thread: an idle worker \
+                     sleeps in the runtime's poll of the sockets, and each message wakes it \
+                     whatever the poller does; set worker_threads = 1 (docs/operations.md)"
+                );
+            }
         }
         tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
         tokio::spawn(log_summaries(Arc::clone(&shared)));

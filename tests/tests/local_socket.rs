@@ -15,7 +15,7 @@ use keyhome::config::{LocalAllow, LocalRole, LocalSettings, NodeConfig, write_to
 use keyhome::wire::{ErrorKind, EventKind, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
 use keyhome_epoch::{Change, NodeId};
 use keyhome_sim::cluster::{Cluster, Options, PATIENCE, key_homed_on};
-use keyhome_sim::hostile::measure::cpu_time;
+use keyhome_sim::hostile::measure::{cpu_time, log_lines};
 
 /// A ttl long enough that no test's handle runs out while the test uses it.
 const TTL: Duration = Duration::from_secs(20);
@@ -492,10 +492,18 @@ async fn busy_polling_nodes_hand_keys_over_and_sleep_once_messages_stop() {
     const IDLE: Duration = Duration::from_secs(2);
     let mut cluster = Cluster::layout(Options::default());
     for id in cluster.ids() {
-        cluster.edit_config(id, |config| config.busy_poll_us = 500);
+        cluster.edit_config(id, |config| {
+            config.busy_poll_us = 500;
+            // Node 3 with two workers, where the poller cannot reach the sockets: it says so.
+            config.worker_threads = if id == 3 { 2 } else { 1 };
+        });
         cluster.start_node(id);
     }
     cluster.wait_ready(&cluster.ids(), 1).await;
+    for id in cluster.ids() {
+        let warned = log_lines(&cluster, id, "busy_poll_us does little") > 0;
+        assert_eq!(warned, id == 3, "node {id} warns about busy polling with several workers");
+    }
     let key = key_homed_on("polled", &[1, 2, 3], 3);
     let clients = [cluster.local_client(1).await, cluster.local_client(2).await];
     let mut last = None;
