@@ -157,6 +157,8 @@ pub struct Live {
     /// Each other member of the current epoch, and whether this node has a connection to it.
     pub peers: Vec<(u64, bool)>,
     pub client_sessions: usize,
+    /// How long the busy poller has polled, if the node busy-polls.
+    pub busy_polled: Option<Duration>,
 }
 
 /// The node's metrics as OpenMetrics text ([`CONTENT_TYPE`]).
@@ -167,7 +169,11 @@ pub(crate) fn encode(shared: &Arc<Shared>) -> Result<String, fmt::Error> {
         .iter()
         .filter(|m| **m != shared.id.0)
         .map(|&m| (m, shared.connected(keyhome_epoch::NodeId(m))));
-    let live = Live { peers: peers.collect(), client_sessions: shared.api.count() };
+    let live = Live {
+        peers: peers.collect(),
+        client_sessions: shared.api.count(),
+        busy_polled: shared.busy_poll.as_ref().map(|p| p.polled()),
+    };
     encode_snapshot(&snapshot, &live, &shared.metrics.fsync)
 }
 
@@ -259,6 +265,13 @@ pub fn encode_snapshot(s: &Snapshot, live: &Live, fsync: &Histogram) -> Result<S
         "Open client API connections",
         ConstGauge::new(live.client_sessions as u64),
     );
+    if let Some(polled) = live.busy_polled {
+        r.register(
+            "busy_poll_seconds",
+            "Seconds the busy poller (busy_poll_us) spent polling the sockets, a worker busy throughout",
+            ConstCounter::new(polled.as_secs_f64()),
+        );
+    }
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &r)?;
     Ok(out)
@@ -356,7 +369,11 @@ mod tests {
             pending_locks: 0,
         };
         snapshot.lock_wait.observe(0.003);
-        let live = Live { peers: vec![(2, true), (3, false)], client_sessions: 1 };
+        let live = Live {
+            peers: vec![(2, true), (3, false)],
+            client_sessions: 1,
+            busy_polled: Some(Duration::from_millis(250)),
+        };
         let text = encode_snapshot(&snapshot, &live, &Histogram::new(lock_buckets())).unwrap();
         for line in [
             "keyhome_locks_total 5",
@@ -367,6 +384,7 @@ mod tests {
             "keyhome_home_lease_left_seconds 1.5",
             "keyhome_lock_wait_seconds_count 1",
             "keyhome_epoch 3",
+            "keyhome_busy_poll_seconds_total 0.25",
             "# EOF",
         ] {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");

@@ -300,7 +300,7 @@ pub(crate) struct Shared {
     /// The longest key the holder accepts (fixed at start): read without the core's lock.
     pub max_key_len: usize,
     /// Busy polling, when `busy_poll_us` turns it on: told of every message to or from a peer.
-    busy_poll: Option<Arc<BusyPoll>>,
+    pub busy_poll: Option<Arc<BusyPoll>>,
     rt: tokio::runtime::Handle,
 }
 
@@ -446,7 +446,10 @@ impl Node {
             metrics: crate::metrics::RuntimeMetrics::default(),
             admission: Admission::new(config.limits.clone()),
             max_key_len,
-            busy_poll: BusyPoll::new(Duration::from_micros(config.busy_poll_us)),
+            busy_poll: BusyPoll::for_runtime(
+                Duration::from_micros(config.busy_poll_us),
+                tokio::runtime::Handle::current().metrics().num_workers(),
+            ),
             config,
             rt: tokio::runtime::Handle::current(),
         });
@@ -460,15 +463,6 @@ impl Node {
         tokio::spawn(timer_loop(Arc::clone(&shared)));
         if let Some(poller) = &shared.busy_poll {
             tokio::spawn(Arc::clone(poller).run(shared.clock, shared.shutdown.subscribe()));
-            let workers = tokio::runtime::Handle::current().metrics().num_workers();
-            if workers > 1 {
-                tracing::warn!(
-                    workers,
-                    "busy_poll_us does little with more than one worker thread: an idle worker \
-                     sleeps in the runtime's poll of the sockets, and each message wakes it \
-                     whatever the poller does; set worker_threads = 1 (docs/operations.md)"
-                );
-            }
         }
         tokio::spawn(crate::metrics::sample_loop(Arc::clone(&shared)));
         tokio::spawn(log_summaries(Arc::clone(&shared)));

@@ -209,6 +209,24 @@ impl Cluster {
         write_toml(&path, &config).expect("write node.toml");
     }
 
+    /// `GET path` on node `id`'s HTTP listener with `Accept: accept`, no token: the status code
+    /// and the body.
+    pub fn http_get(&self, id: u64, path: &str, accept: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut conn = std::net::TcpStream::connect(self.addr(id)).expect("connect to the HTTP listener");
+        conn.set_read_timeout(Some(PATIENCE)).expect("timeout");
+        write!(
+            conn,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
+        )
+        .expect("send");
+        let mut response = String::new();
+        conn.read_to_string(&mut response).expect("read the response");
+        let (head, body) = response.split_once("\r\n\r\n").expect("a header block");
+        let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
+        (code, body.to_string())
+    }
+
     /// The address the genesis gives node `id`: where its peers reach it.
     pub fn relay_addr(&self, id: u64) -> SocketAddr {
         if !self.relayed {

@@ -4,7 +4,6 @@
 //! installs Debian's `prometheus` and `chromium`).
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,20 +14,6 @@ use keyhome_sim::cluster::{self as harness, Cluster, Options, PATIENCE, key_home
 const TTL: Duration = Duration::from_secs(20);
 /// Longest a browser run may take before the test fails.
 const BROWSER_PATIENCE: Duration = Duration::from_secs(60);
-
-/// `GET path` from node `id`'s HTTP listener, with `accept` as the Accept header; the status code
-/// and body.
-fn http_get(cluster: &Cluster, id: u64, path: &str, accept: &str) -> (u16, String) {
-    let mut conn = TcpStream::connect(cluster.addr(id)).expect("connect to the HTTP listener");
-    conn.set_read_timeout(Some(PATIENCE)).expect("timeout");
-    write!(conn, "GET {path} HTTP/1.1\r\nHost: localhost\r\nAccept: {accept}\r\nConnection: close\r\n\r\n")
-        .expect("send");
-    let mut response = String::new();
-    conn.read_to_string(&mut response).expect("read the response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("a header block");
-    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).expect("a status line");
-    (code, body.to_string())
-}
 
 /// Runs `command` to its end within `patience`, killing it past that; its stdout.
 fn run_bounded(mut command: Command, patience: Duration) -> String {
@@ -91,7 +76,7 @@ async fn metrics_parse_and_the_status_page_shows_the_live_cluster() {
     contend(&cluster, b"orders", 6).await;
 
     // ---- /metrics, through Prometheus's own parser and linter ----
-    let (code, classic) = http_get(&cluster, 1, "/metrics", "*/*");
+    let (code, classic) = cluster.http_get(1, "/metrics", "*/*");
     assert_eq!(code, 200, "{classic}");
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
@@ -120,8 +105,7 @@ async fn metrics_parse_and_the_status_page_shows_the_live_cluster() {
         classic.lines().any(|l| l.starts_with("keyhome_lock_wait_seconds_count ") && !l.ends_with(" 0")),
         "node 1's locks after the first waited for a recall:\n{classic}"
     );
-    let (code, openmetrics) =
-        http_get(&cluster, 1, "/metrics", "application/openmetrics-text; version=1.0.0");
+    let (code, openmetrics) = cluster.http_get(1, "/metrics", "application/openmetrics-text; version=1.0.0");
     assert_eq!(code, 200);
     assert!(openmetrics.ends_with("# EOF\n"), "OpenMetrics when asked for it");
 

@@ -72,9 +72,10 @@ struct Args {
     /// placement does to each system's handoffs.
     #[arg(long)]
     contenders_on_threads: bool,
-    /// Also run keyhome on a second cluster whose nodes poll their sockets for this many µs
-    /// after each call before they sleep (`busy_poll_us` in `node.toml`; 0: no such cluster),
-    /// to measure what busy polling buys and costs beside the default nodes.
+    /// Also run keyhome on a second cluster whose nodes (one worker thread each) poll their
+    /// sockets for this many µs after each message between nodes before they sleep
+    /// (`busy_poll_us` in `node.toml`; 0: no such cluster), to measure what busy polling buys
+    /// and costs beside the default nodes.
     #[arg(long, default_value_t = 0)]
     busy_poll_us: u64,
 }
@@ -682,7 +683,8 @@ async fn main() -> Result<(), Error> {
     cluster.wait_ready(&cluster.ids(), 1).await;
     let keyhome = |cluster: &Cluster, busy_poll: bool| {
         let sockets: Vec<PathBuf> = cluster.ids().into_iter().map(|id| cluster.local_socket(id)).collect();
-        let pids: Vec<u32> = cluster.ids().into_iter().filter_map(|id| cluster.pid(id)).collect();
+        let pids: Vec<u32> =
+            cluster.ids().into_iter().map(|id| cluster.pid(id).expect("a running node")).collect();
         [false, true].map(|pipelined| System::Keyhome {
             sockets: sockets.clone(),
             pids: pids.clone(),
@@ -697,7 +699,11 @@ async fn main() -> Result<(), Error> {
         us => {
             let mut polled = Cluster::layout(cluster_options());
             for id in polled.ids() {
-                polled.edit_config(id, |config| config.busy_poll_us = us);
+                polled.edit_config(id, |config| {
+                    config.busy_poll_us = us;
+                    // Busy polling needs a runtime of one worker (node/src/busy_poll.rs).
+                    config.worker_threads = 1;
+                });
                 polled.start_node(id);
             }
             polled.wait_ready(&polled.ids(), 1).await;
