@@ -1,6 +1,7 @@
 //! The client API on a node's Unix socket (node/src/local.rs), against real `keyhome run`
 //! processes: identity from the peer's uid, refused peers, bad frames, many requests in flight,
-//! pipelined unlocks and relocks, casts, withdrawn calls, sessions and lost-lock events as on QUIC.
+//! pipelined unlocks and relocks, casts, withdrawn calls, sessions and lost-lock events as on QUIC,
+//! and nodes that busy-poll.
 //!
 //! The harness lays every node out with a socket on which this test's uid is the client `app`
 //! (the identity of the `app` certificate on QUIC); tests that need other mappings rewrite a
