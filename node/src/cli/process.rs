@@ -402,11 +402,18 @@ fn errno() -> libc::c_int {
 mod tests {
     use super::*;
 
+    /// Held by each test here while it forks. A fork by another test thread copies this test's
+    /// socket, and until that child execs or its guard closes what it inherited, the copy keeps
+    /// the socket open: a killed guard's socket could then take CMD's message, and CMD start.
+    /// (`keyhome lock` forks from one thread; CI saw this race between the two tests once.)
+    static FORKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     /// A guard killed before CMD starts fails the start: nothing would kill CMD's group if the
     /// wrapper died. (Checked able to fail: with `arm`'s message to the guard left out, CMD
     /// starts and this test fails.)
     #[test]
     fn cmd_does_not_start_once_its_guard_is_gone() {
+        let _forking = FORKING.lock().unwrap_or_else(|e| e.into_inner());
         let mut guard = GroupGuard::start().expect("fork a guard");
         guard.kill_at(u64::MAX).expect("tell the guard an instant");
         let pid = guard.pid.expect("the guard's pid");
@@ -427,6 +434,7 @@ mod tests {
     /// The same start with the guard alive: CMD runs, leading a process group of its own.
     #[test]
     fn cmd_starts_in_a_group_of_its_own_while_its_guard_runs() {
+        let _forking = FORKING.lock().unwrap_or_else(|e| e.into_inner());
         let guard = GroupGuard::start().expect("fork a guard");
         let mut command = std::process::Command::new("true");
         guard.arm(&mut command);
