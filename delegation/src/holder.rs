@@ -654,6 +654,26 @@ impl Holder {
     /// for [`Holder::renew`].
     #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
+        self.end(now, handle, note, false)
+    }
+
+    /// Ends a live handle under which nothing was done (its caller went away before it saw the
+    /// handle): the key's next holder gets the handoff this handle got, its note and its
+    /// `recovered` flag, as if it had never been admitted. Errors as for [`Holder::unlock`].
+    pub fn give_back(&mut self, now: Instant, handle: Handle) -> Result<(), LockError> {
+        self.end(now, handle.id, handle.note, handle.recovered)
+    }
+
+    /// Ends a live handle, leaving `note` for the next holder; `unclean`: the next holder must be
+    /// told the handoff may be incomplete (`recovered`).
+    #[inline]
+    fn end(
+        &mut self,
+        now: Instant,
+        handle: HandleId,
+        note: Option<Vec<u8>>,
+        unclean: bool,
+    ) -> Result<(), LockError> {
         if note.as_ref().is_some_and(|n| n.len() > self.config.limits.max_note_len) {
             return Err(LockError::NoteTooLarge);
         }
@@ -662,7 +682,7 @@ impl Holder {
         e.local = None;
         e.note = note;
         if let Some(d) = e.deleg.as_mut() {
-            d.unclean = false;
+            d.unclean = unclean;
             d.last_activity = now;
             d.active = true;
         }

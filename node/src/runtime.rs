@@ -8,9 +8,10 @@
 //! the core with a fresh reading of the [`BootClock`] and a [`Carrier`], which carries out every
 //! [`Output`] under the lock of the part that produced it: frames go to the links (by `try_send`
 //! into each peer's bounded queue), writes to the persistence thread (in the order the core
-//! produced them), outcomes to the callers waiting for them ([`Replies`]). Nothing under a lock
-//! waits for I/O. This is the only glue the simulation does not run: it replaces exactly these
-//! sockets, disks and clocks.
+//! produced them), outcomes to the callers waiting for them ([`Replies`]; a lock's through
+//! [`callers`], which the simulation runs too, with a caller's going away interleaved with the
+//! core's decision). Nothing under a lock waits for I/O. This is the only glue the simulation does
+//! not run: it replaces exactly these sockets, disks and clocks.
 //!
 //! # Fail-stop
 //!
@@ -47,6 +48,7 @@ use crate::admission::{Admission, Incident, Limits, Verdict};
 use crate::busy_poll::BusyPoll;
 use crate::clock::{BootClock, MAX_SLEEP};
 use crate::config::{ConfigError, GenesisFile, NodeConfig};
+use crate::core::callers::{self, LockCallers, LockResult, Reply};
 pub(crate) use crate::core::lock;
 use crate::core::{Core, Output, Sink};
 use crate::pki::{self, Identity, Role};
@@ -93,7 +95,13 @@ pub enum NodeError {
 }
 
 /// Where the outcome of a pending lock goes.
-pub(crate) type LockReply = oneshot::Sender<Result<Handle, LockError>>;
+pub(crate) type LockReply = oneshot::Sender<LockResult>;
+
+impl Reply for LockReply {
+    fn send(self, result: LockResult) -> Result<(), LockResult> {
+        oneshot::Sender::send(self, result)
+    }
+}
 
 /// A persistence job: make `writes` durable, then tell the core `number` is.
 struct PersistJob {
@@ -111,8 +119,8 @@ pub(crate) type ProposalReply = oneshot::Sender<Result<u64, ProposeError>>;
 /// before it.
 #[derive(Default)]
 pub(crate) struct Replies {
-    /// Pending locks' callers, by ticket.
-    locks: HashMap<Ticket, LockReply>,
+    /// Pending locks' callers.
+    locks: LockCallers<LockReply>,
     /// Pending token checks' callers, by check id.
     checks: HashMap<u64, CheckSender>,
     /// The caller of the operator change in progress.
@@ -169,14 +177,8 @@ impl Sink for Carrier<'_> {
                 }
             }
             Output::LockDone { ticket, result } => {
-                let reply = lock(&shared.replies).locks.remove(&ticket);
-                let unclaimed = match reply {
-                    Some(reply) => reply.send(result).err(),
-                    None => Some(result),
-                };
-                // The caller gave up meanwhile: nothing was done under the handle, so it is
-                // unlocked at once and passes its note on.
-                if let Some(Ok(handle)) = unclaimed {
+                // A caller that gave up meanwhile leaves the handle to be given back.
+                if let Some(handle) = lock(&shared.replies).locks.decided(ticket, result) {
                     self.later().unclaimed.push(handle);
                 }
             }
@@ -202,7 +204,7 @@ impl Sink for Carrier<'_> {
 
     fn lock_pending(&mut self, ticket: Ticket) {
         if let Some(Caller::Lock(reply)) = self.caller.take() {
-            lock(&self.shared.replies).locks.insert(ticket, reply);
+            lock(&self.shared.replies).locks.wait(ticket, reply);
         }
     }
 
@@ -247,7 +249,7 @@ impl<'a> Carrier<'a> {
     fn finish_slow(mut self) {
         let shared = self.shared;
         while let Some(handle) = self.later.as_mut().and_then(|later| later.unclaimed.pop()) {
-            let _ = shared.core.unlock(self.now, handle.id, handle.note, &mut self);
+            callers::give_back(&shared.core, self.now, handle, &mut self);
         }
         if self.failed {
             shared.core.fail();
@@ -710,22 +712,15 @@ pub(crate) async fn lock_key(
     struct Pending<'a> {
         shared: &'a Arc<Shared>,
         ticket: Ticket,
-        reply: Option<oneshot::Receiver<Result<Handle, LockError>>>,
+        reply: Option<oneshot::Receiver<LockResult>>,
     }
     impl Drop for Pending<'_> {
         fn drop(&mut self) {
             let Some(mut reply) = self.reply.take() else { return };
             reply.close();
-            let admitted = reply.try_recv();
-            lock(&self.shared.replies).locks.remove(&self.ticket);
-            self.shared.with_core(|core, now, out| match admitted {
-                Ok(Ok(handle)) => {
-                    let _ = core.unlock(now, handle.id, handle.note, out);
-                }
-                _ => {
-                    core.cancel(now, self.ticket, out);
-                }
-            });
+            let admitted = reply.try_recv().ok();
+            lock(&self.shared.replies).locks.forget(self.ticket);
+            self.shared.with_core(|core, now, out| callers::withdraw(core, now, self.ticket, admitted, out));
         }
     }
     let mut pending = Pending { shared, ticket, reply: Some(rx) };

@@ -326,13 +326,15 @@ fn print_epoch_stats(reports: &[&Report]) {
 fn print_lock_stats(reports: &[&LockReport]) {
     let sum = |f: fn(&LockReport) -> u64| reports.iter().map(|r| f(r)).sum::<u64>();
     println!(
-        "events: {} lock calls: {} admissions: {} (at once: {}) failures: {} given up: {} grants: {} delegation messages: {} epoch messages: {}",
+        "events: {} lock calls: {} admissions: {} (at once: {}) failures: {} given up: {} (admitted and given back: {} from the reply, {} unclaimed) grants: {} delegation messages: {} epoch messages: {}",
         sum(|r| r.stats.events),
         sum(|r| r.stats.lock_calls),
         sum(|r| r.stats.admissions),
         sum(|r| r.stats.immediate),
         sum(|r| r.stats.lock_failures),
         sum(|r| r.stats.give_ups),
+        sum(|r| r.stats.given_back_from_reply),
+        sum(|r| r.stats.given_back_unclaimed),
         sum(|r| r.stats.grants),
         sum(|r| r.stats.deleg_messages),
         sum(|r| r.stats.epoch_messages),

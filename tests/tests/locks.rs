@@ -35,7 +35,8 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
     let sum = |f: fn(&LockReport) -> u64| reports.iter().map(f).sum::<u64>();
     // The runs did real work: admissions, local re-locks, handoffs with notes, recoveries after
     // expiries, stale writes refused by the fenced resource (some of them a paused client's),
-    // pauses, and the probes after healing.
+    // pauses, the probes after healing, and clients that gave up while the core admitted their
+    // lock (in their reply, and after they closed it: both given back).
     assert!(sum(|r| r.stats.admissions) >= 50_000, "admissions {}", sum(|r| r.stats.admissions));
     assert!(sum(|r| r.stats.immediate) >= 5_000, "local re-locks {}", sum(|r| r.stats.immediate));
     assert!(sum(|r| r.stats.notes_delivered) >= 10_000);
@@ -43,6 +44,8 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
     assert!(sum(|r| r.stats.writes_refused) >= 10, "refused {}", sum(|r| r.stats.writes_refused));
     assert!(sum(|r| r.stats.pauses) >= 200);
     assert!(sum(|r| r.stats.probes_ok) >= 1_500, "probes {}", sum(|r| r.stats.probes_ok));
+    assert!(sum(|r| r.stats.given_back_from_reply) >= 500, "{}", sum(|r| r.stats.given_back_from_reply));
+    assert!(sum(|r| r.stats.given_back_unclaimed) >= 30, "{}", sum(|r| r.stats.given_back_unclaimed));
 }
 
 /// Seeds with more faults, pauses and clients, and every clock at an end of the rate bound.

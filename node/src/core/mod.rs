@@ -11,7 +11,8 @@
 //! - [`Output::Persist`]: epoch writes to make durable, then report with [`Core::persisted`];
 //!   the messages that depend on them are held back until then (raft's `Ready` rule);
 //! - [`Output::LockDone`], [`Output::CheckDone`], [`Output::ProposalDone`]: the outcome of a
-//!   pending call;
+//!   pending call (a lock's goes to its caller through [`callers`], which both the runtime and the
+//!   simulation run);
 //! - [`Output::Notice`]: a client handle was recalled (its owner should unlock) or expired;
 //! - [`Output::EpochLearned`]: the runtime refreshes its links;
 //! - [`Output::Observed`]: only when asked for ([`Core::observe_local`]), a copy of each
@@ -51,6 +52,7 @@
 //! it keeps its key until its deadline, since the client may still be working inside the
 //! deadline it was told. Embedded handles have no owner entry (their guard holds the handle).
 
+pub mod callers;
 mod membership;
 mod outbox;
 mod shard;
@@ -467,6 +469,11 @@ impl Core {
         out: &mut impl Sink,
     ) -> Result<(), LockError> {
         self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.unlock(now, handle, note))
+    }
+
+    /// Ends a live handle admitted for a caller that went away (see [`Holder::give_back`]).
+    pub fn give_back(&self, now: Instant, handle: Handle, out: &mut impl Sink) -> Result<(), LockError> {
+        self.with_shard(self.shard_of_serial(handle.id.serial()), out, |s| s.give_back(now, handle))
     }
 
     /// The live client handle with serial number `serial`, for a connection of `owner`'s

@@ -266,6 +266,24 @@ impl Shard {
     #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
         let result = self.holder.unlock(now, handle, note);
+        self.ended(now, handle, result)
+    }
+
+    /// See [`Holder::give_back`].
+    pub fn give_back(&mut self, now: Instant, handle: Handle) -> Result<(), LockError> {
+        let id = handle.id;
+        let result = self.holder.give_back(now, handle);
+        self.ended(now, id, result)
+    }
+
+    /// After `handle` was ended with `result`.
+    #[inline]
+    fn ended(
+        &mut self,
+        now: Instant,
+        handle: HandleId,
+        result: Result<(), LockError>,
+    ) -> Result<(), LockError> {
         if result.is_ok() {
             self.disown(now, handle);
         } else {

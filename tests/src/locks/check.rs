@@ -36,6 +36,9 @@ pub enum LockKind {
     /// A pending lock whose client gave up was not withdrawn (`Core::cancel` found it decided
     /// while its outcome had not come), or was decided after it was withdrawn.
     Cancel,
+    /// A handle admitted for a client that had stopped waiting was left live: nobody holds it,
+    /// and its key stays taken until its deadline.
+    Unclaimed,
 }
 
 /// One broken invariant, at a simulated real instant.
@@ -104,8 +107,13 @@ pub struct LockStats {
     pub admissions: u64,
     pub immediate: u64,
     pub lock_failures: u64,
-    /// Pending locks whose clients gave up (each withdrawn through `Core::cancel`).
+    /// Pending locks whose clients gave up (each withdrawn through `Core::cancel`, or given back
+    /// if the core had admitted it meanwhile).
     pub give_ups: u64,
+    /// Of those, handles admitted into the reply before the client closed it, and admitted
+    /// after it (unclaimed), each given back.
+    pub given_back_from_reply: u64,
+    pub given_back_unclaimed: u64,
     pub grants: u64,
     /// Delegations a holder passed straight to the successor its Recall named.
     pub passes: u64,

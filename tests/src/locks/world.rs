@@ -6,15 +6,20 @@
 //! The core's outputs are carried out in the order it produced them: transmits go on the
 //! simulated network (self-addressed delegation messages never leave the core), persistence
 //! requests go to a FIFO disk whose completion calls `Core::persisted` (a crash loses unsynced
-//! writes and the messages held back behind them), lock outcomes and handle notices go to the
-//! node's clients. A crash loses the whole core (homes and holders are volatile); a restart
+//! writes and the messages held back behind them), lock outcomes go to the node's clients through
+//! the runtime's own glue ([`keyhome::core::callers`]: a client that gives up closes its reply,
+//! and withdraws its lock a while later, so the core may decide it in between as another thread
+//! of the runtime can), handle notices go to the clients too. A crash loses the whole core (homes and holders are volatile); a restart
 //! builds a new one, so the home's restart quarantine applies. A pause freezes the whole process:
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::time::Duration;
 
+use keyhome::core::callers::{self, LockCallers, LockResult, Reply, Withdrawn};
 use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
 use keyhome_delegation::{
     Body as DBody, FencingToken, Handle, HandleId, HolderConfig, HomeConfig, KeyHasher, LockError,
@@ -38,6 +43,12 @@ use super::scenario::LockScenario;
 
 /// The share of waiting workload locks whose clients give up before their wait is over.
 const GIVE_UP: f64 = 0.1;
+/// The share of answered workload locks whose clients give up as the answer arrives (their
+/// future dropped with the outcome in its reply).
+const GIVE_UP_ON_ANSWER: f64 = 0.02;
+/// Longest time between a client closing its reply and withdrawing its lock (ns): other calls
+/// into the core may run in between, as on the runtime's other threads.
+const LEAVE_WINDOW: u64 = 1_000_000;
 
 #[derive(Debug)]
 enum Ev {
@@ -76,12 +87,67 @@ enum Ev {
     Probe,
 }
 
+/// A waiting client's reply, as the runtime's one-shot channel: the core's outcome is sent into
+/// it unless the client closed it.
+#[derive(Clone, Debug, Default)]
+struct SimReply(Rc<RefCell<ReplyState>>);
+
+#[derive(Debug, Default)]
+enum ReplyState {
+    #[default]
+    Open,
+    Sent(LockResult),
+    Closed,
+}
+
+impl Reply for SimReply {
+    fn send(self, result: LockResult) -> Result<(), LockResult> {
+        let mut state = self.0.borrow_mut();
+        match *state {
+            ReplyState::Open => {
+                *state = ReplyState::Sent(result);
+                Ok(())
+            }
+            _ => Err(result),
+        }
+    }
+}
+
+impl SimReply {
+    /// Closes the reply (as a dropped lock future does); returns what had been sent into it.
+    fn close(&self) -> Option<LockResult> {
+        match std::mem::replace(&mut *self.0.borrow_mut(), ReplyState::Closed) {
+            ReplyState::Sent(result) => Some(result),
+            _ => None,
+        }
+    }
+}
+
 /// What a client is doing.
 #[derive(Clone, Debug)]
 enum CState {
     Idle,
-    Waiting { ticket: Ticket, key: usize },
-    Holding { handle: Handle, key: usize, admission: usize, writes_left: u32, step: Real, last_write: u64 },
+    Waiting {
+        ticket: Ticket,
+        key: usize,
+        reply: SimReply,
+    },
+    /// Gave up waiting: its reply is closed, with the outcome it held (`admitted`); it withdraws
+    /// the lock at its next step. `decided`: the core decided the lock meanwhile.
+    Leaving {
+        ticket: Ticket,
+        key: usize,
+        admitted: Option<LockResult>,
+        decided: bool,
+    },
+    Holding {
+        handle: Handle,
+        key: usize,
+        admission: usize,
+        writes_left: u32,
+        step: Real,
+        last_write: u64,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -116,6 +182,11 @@ struct Slot {
     learned: Vec<(u64, Instant)>,
     /// Whether the node held its home lease after its last event.
     lease_ok: bool,
+    /// The callers of the core's pending locks (the runtime's glue).
+    callers: LockCallers<SimReply>,
+    /// Handles admitted for clients that had stopped waiting, to give back once the outputs that
+    /// admitted them are carried out (as the runtime does once the call is over).
+    unclaimed: Vec<Handle>,
     /// Per scenario key: whether the home had adopted it by handover after the node's last
     /// event (what it decided on before an epoch change it learns now).
     adopted: Vec<bool>,
@@ -145,6 +216,9 @@ pub struct LockWorld {
     /// Pending locks whose clients gave up and that `Core::cancel` said it withdrew, by node
     /// (for the node's current run): none of them may be decided afterwards.
     cancelled: std::collections::HashSet<(usize, Ticket)>,
+    /// Handles admitted for clients that had stopped waiting, as `(node, key, handle)`: each must
+    /// be unlocked by the end of the event that admitted (or withdrew) it.
+    loose: Vec<(usize, usize, HandleId)>,
     /// Per epoch number seen: the home (simulation index) of each key, and the activation wait.
     epochs: std::collections::HashMap<u64, (Vec<Option<usize>>, Duration)>,
     /// Keys with waiting clients across epoch changes (see [`super::handover`]).
@@ -182,6 +256,8 @@ impl LockWorld {
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
                 learned: Vec::new(),
                 lease_ok: false,
+                callers: LockCallers::default(),
+                unclaimed: Vec::new(),
                 adopted: vec![false; scenario.base.keys.len()],
             })
             .collect();
@@ -203,6 +279,7 @@ impl LockWorld {
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
             cancelled: std::collections::HashSet::new(),
+            loose: Vec::new(),
             epochs: std::collections::HashMap::new(),
             changes: Changes::new(scenario.calm, scenario.base.trace),
             scenario,
@@ -417,6 +494,8 @@ impl LockWorld {
             return;
         }
         slot.out.clear();
+        slot.callers = LockCallers::default();
+        slot.unclaimed.clear();
         slot.disk.lose();
         slot.timer_generation += 1;
         slot.paused_until = 0;
@@ -430,6 +509,7 @@ impl LockWorld {
         }
         self.handles.retain(|(n, _), _| *n != i);
         self.cancelled.retain(|(n, _)| *n != i);
+        self.loose.retain(|(n, _, _)| *n != i);
         for c in 0..self.slots[i].clients.len() {
             let client = &mut self.slots[i].clients[c];
             client.state = CState::Idle;
@@ -445,28 +525,8 @@ impl LockWorld {
     /// Carries out everything node `i`'s core produced, in order, re-arms the node's timer and
     /// runs the epoch checks.
     fn pump(&mut self, i: usize, core_timer: bool) {
-        while let Some(output) = self.slots[i].out.pop_front() {
-            match output {
-                Output::Transmit { to, message: PeerMessage::Epoch(message) } => {
-                    self.send_epoch(i, to, message)
-                }
-                Output::Transmit { to, message: PeerMessage::Delegation(message) } => {
-                    self.observe_deleg(i, &message);
-                    self.send_deleg(i, to, message);
-                }
-                Output::Observed { message } => self.observe_deleg(i, &message),
-                Output::Persist { number, writes } => {
-                    let was_idle = self.slots[i].disk.push(number, writes);
-                    if was_idle {
-                        self.schedule_sync(i);
-                    }
-                }
-                Output::LockDone { ticket, result } => self.lock_done(i, ticket, result),
-                Output::Notice { handle, notice, key, .. } => self.on_notice(i, handle, &key, notice),
-                Output::EpochLearned { epoch, .. } => self.epoch_learned(i, epoch),
-                Output::CheckDone { .. } | Output::ProposalDone { .. } => {}
-            }
-        }
+        self.carry_out(i);
+        self.check_given_back(i);
         let slot = &mut self.slots[i];
         slot.timer_generation += 1;
         let Some(core) = slot.core.as_ref() else { return };
@@ -497,6 +557,57 @@ impl LockWorld {
             let others: Vec<(usize, Instant, &EpochNode)> =
                 guards.iter().map(|(j, t, e)| (*j, *t, &**e)).collect();
             self.epoch_checker.check_homes(self.now, i, now, &core.epoch(), &others);
+        }
+    }
+
+    /// Carries out node `i`'s outputs in order; then gives back the handles admitted for clients
+    /// that had stopped waiting (which makes more outputs), as the runtime does once a call into
+    /// the core is over.
+    fn carry_out(&mut self, i: usize) {
+        loop {
+            while let Some(output) = self.slots[i].out.pop_front() {
+                match output {
+                    Output::Transmit { to, message: PeerMessage::Epoch(message) } => {
+                        self.send_epoch(i, to, message)
+                    }
+                    Output::Transmit { to, message: PeerMessage::Delegation(message) } => {
+                        self.observe_deleg(i, &message);
+                        self.send_deleg(i, to, message);
+                    }
+                    Output::Observed { message } => self.observe_deleg(i, &message),
+                    Output::Persist { number, writes } => {
+                        let was_idle = self.slots[i].disk.push(number, writes);
+                        if was_idle {
+                            self.schedule_sync(i);
+                        }
+                    }
+                    Output::LockDone { ticket, result } => self.lock_done(i, ticket, result),
+                    Output::Notice { handle, notice, key, .. } => self.on_notice(i, handle, &key, notice),
+                    Output::EpochLearned { epoch, .. } => self.epoch_learned(i, epoch),
+                    Output::CheckDone { .. } | Output::ProposalDone { .. } => {}
+                }
+            }
+            let now = self.local(i);
+            let slot = &mut self.slots[i];
+            let (Some(core), Some(handle)) = (slot.core.as_ref(), slot.unclaimed.pop()) else { return };
+            callers::give_back(core, now, handle, &mut slot.out);
+        }
+    }
+
+    /// Every handle admitted for a client of node `i` that had stopped waiting was unlocked.
+    fn check_given_back(&mut self, i: usize) {
+        let loose = std::mem::take(&mut self.loose);
+        for (n, key, handle) in loose {
+            let Some(core) = self.slots[n].core.as_ref() else { continue };
+            if n != i {
+                self.loose.push((n, key, handle));
+            } else if core.holder(&self.scenario.base.keys[key]).key_of(handle).is_some() {
+                self.checker.violation(
+                    self.now,
+                    LockKind::Unclaimed,
+                    format!("node {n} left {handle:?} of k{key} live, admitted for a client that had stopped waiting"),
+                );
+            }
         }
     }
 
@@ -900,7 +1011,10 @@ impl LockWorld {
                 };
                 self.lock(node, client, key, ttl, wait);
             }
-            CState::Waiting { ticket, key } => self.give_up(node, client, ticket, key),
+            CState::Waiting { ticket, key, reply } => self.give_up(node, client, ticket, key, &reply),
+            CState::Leaving { ticket, key, admitted, decided } => {
+                self.withdraw(node, client, ticket, key, admitted, decided)
+            }
             CState::Holding { handle, key, admission, writes_left, step, last_write } => {
                 let now = self.local(node);
                 if now >= handle.deadline {
@@ -981,7 +1095,11 @@ impl LockWorld {
                 self.holding(node, client, key, handle);
             }
             Ok(LockOutcome::Pending(ticket)) => {
-                self.slots[node].clients[client].state = CState::Waiting { ticket, key };
+                // Registered before any output is carried out, as the runtime registers it
+                // under the shard's lock (`Sink::lock_pending`).
+                let reply = SimReply::default();
+                self.slots[node].callers.wait(ticket, reply.clone());
+                self.slots[node].clients[client].state = CState::Waiting { ticket, key, reply };
                 // Some clients give up before their wait is over, as a caller that drops its
                 // lock future, sends `Cancel` or closes its connection does.
                 if !self.slots[node].clients[client].probe && self.rng.chance(GIVE_UP) {
@@ -1000,14 +1118,11 @@ impl LockWorld {
         self.pump(node, false);
     }
 
-    /// Client `client` of `node`, waiting for `key` under `ticket`, gives up: the node withdraws
-    /// the pending lock through `Core::cancel`, as the runtime does for a caller that went away.
-    /// Outputs are carried out as they come, so a lock still waiting here is undecided: the node
-    /// must withdraw it, and must never decide it afterwards (see [`LockWorld::lock_done`]).
-    fn give_up(&mut self, node: usize, client: usize, ticket: Ticket, key: usize) {
-        let now = self.local(node);
-        let slot = &mut self.slots[node];
-        let Some(core) = slot.core.as_ref() else { return };
+    /// Client `client` of `node`, waiting for `key` under `ticket`, gives up, as a caller that
+    /// drops its lock future (sends `Cancel`, closes its connection) does in the runtime: it
+    /// closes its reply, and forgets its entry now or at its withdrawal, which comes up to
+    /// [`LEAVE_WINDOW`] later; the core may decide the lock in between.
+    fn give_up(&mut self, node: usize, client: usize, ticket: Ticket, key: usize, reply: &SimReply) {
         self.checker.stats.give_ups += 1;
         if self.scenario.base.trace {
             println!(
@@ -1015,14 +1130,54 @@ impl LockWorld {
                 self.now as f64 / 1e9
             );
         }
-        if core.cancel(now, ticket, &mut slot.out) {
-            self.cancelled.insert((node, ticket));
-        } else {
-            self.checker.violation(
+        let admitted = reply.close();
+        if self.rng.chance(0.5) {
+            self.slots[node].callers.forget(ticket);
+        }
+        self.slots[node].clients[client].state = CState::Leaving { ticket, key, admitted, decided: false };
+        let at = self.now + self.rng.range(0, LEAVE_WINDOW);
+        self.schedule_client(node, client, at);
+    }
+
+    /// Client `client` of `node`, which gave up `ticket`, withdraws it through the runtime's
+    /// glue ([`callers::withdraw`]). A lock still undecided here must be withdrawn, and never
+    /// decided afterwards (see [`LockWorld::lock_done`]); an admitted handle must be unlocked.
+    fn withdraw(
+        &mut self,
+        node: usize,
+        client: usize,
+        ticket: Ticket,
+        key: usize,
+        admitted: Option<LockResult>,
+        decided: bool,
+    ) {
+        let now = self.local(node);
+        let slot = &mut self.slots[node];
+        let Some(core) = slot.core.as_ref() else { return };
+        slot.callers.forget(ticket);
+        let from_reply = admitted.as_ref().and_then(|r| r.as_ref().ok()).map(|h| h.id);
+        let was_undecided = admitted.is_none() && !decided;
+        let withdrawn = callers::withdraw(core, now, ticket, admitted, &mut slot.out);
+        if self.scenario.base.trace {
+            println!(
+                "{:>12.6} node {node} client {client}: withdraws {ticket:?} (k{key}): {withdrawn:?}",
+                self.now as f64 / 1e9
+            );
+        }
+        match withdrawn {
+            Withdrawn::Cancelled => {
+                self.cancelled.insert((node, ticket));
+            }
+            Withdrawn::GivenBack => self.checker.stats.given_back_from_reply += 1,
+            Withdrawn::Decided if was_undecided => self.checker.violation(
                 self.now,
                 LockKind::Cancel,
                 format!("node {node} could not withdraw the undecided lock {ticket:?} of k{key}"),
-            );
+            ),
+            Withdrawn::Decided => {}
+        }
+        if let Some(handle) = from_reply {
+            self.loose.push((node, key, handle));
         }
         self.idle(node, client);
         self.pump(node, false);
@@ -1072,8 +1227,9 @@ impl LockWorld {
         }
     }
 
-    /// A pending lock of node `node` was decided.
-    fn lock_done(&mut self, node: usize, ticket: Ticket, result: Result<Handle, LockError>) {
+    /// A pending lock of node `node` was decided: its outcome goes to its caller through the
+    /// runtime's glue ([`LockCallers::decided`]).
+    fn lock_done(&mut self, node: usize, ticket: Ticket, result: LockResult) {
         if self.scenario.base.trace {
             println!("{:>12.6} node {node}: lock {ticket:?} {result:?}", self.now as f64 / 1e9);
         }
@@ -1085,21 +1241,54 @@ impl LockWorld {
             );
             return; // the run stops at this violation
         }
-        let Some(c) =
-            self.find_client(node, |s| matches!(s, CState::Waiting { ticket: t, .. } if *t == ticket))
-        else {
+        let admitted = result.as_ref().ok().map(|h| h.id);
+        if let Some(handle) = self.slots[node].callers.decided(ticket, result) {
+            self.slots[node].unclaimed.push(handle);
+        }
+        let Some(c) = self.find_client(node, |s| match s {
+            CState::Waiting { ticket: t, .. } | CState::Leaving { ticket: t, .. } => *t == ticket,
+            _ => false,
+        }) else {
             return;
         };
-        let CState::Waiting { key, .. } = self.slots[node].clients[c].state else { return };
-        match result {
-            Ok(handle) => self.holding(node, c, key, handle),
-            Err(error) => {
-                self.checker.stats.lock_failures += 1;
-                if self.slots[node].clients[c].probe {
-                    self.probe_failed(node, &format!("lock failed: {error}"));
+        match self.slots[node].clients[c].state.clone() {
+            CState::Leaving { ticket, key, admitted: in_reply, .. } => {
+                // Decided between the client's closing its reply and its withdrawal.
+                if let Some(handle) = admitted {
+                    self.checker.stats.given_back_unclaimed += 1;
+                    self.loose.push((node, key, handle));
                 }
-                self.idle(node, c);
+                self.slots[node].clients[c].state =
+                    CState::Leaving { ticket, key, admitted: in_reply, decided: true };
             }
+            CState::Waiting { ticket, key, reply } => {
+                let client = &self.slots[node].clients[c];
+                if self.scenario.workload && !client.probe && self.rng.chance(GIVE_UP_ON_ANSWER) {
+                    // The caller goes away with the outcome in its reply.
+                    self.give_up(node, c, ticket, key, &reply);
+                    return;
+                }
+                match reply.close() {
+                    Some(Ok(handle)) => self.holding(node, c, key, handle),
+                    Some(Err(error)) => {
+                        self.checker.stats.lock_failures += 1;
+                        if self.slots[node].clients[c].probe {
+                            self.probe_failed(node, &format!("lock failed: {error}"));
+                        }
+                        self.idle(node, c);
+                    }
+                    None => {
+                        self.checker.violation(
+                            self.now,
+                            LockKind::Cancel,
+                            format!(
+                                "node {node} decided {ticket:?} of k{key} but its waiting client got nothing"
+                            ),
+                        );
+                    }
+                }
+            }
+            _ => {}
         }
     }
 
