@@ -503,6 +503,8 @@ impl Shard {
                     }
                     self.deliver(now, self.id, message)
                 }
+                // What a handle given back for no waiter produced.
+                None if self.holder.has_output() => {}
                 None => return,
             }
         }
@@ -511,7 +513,14 @@ impl Shard {
     fn on_holder_event(&mut self, now: Instant, event: HolderEvent) {
         match event {
             HolderEvent::Locked { ticket, handle } => {
-                let Some(w) = self.waiters.remove(&ticket) else { return };
+                let Some(w) = self.waiters.remove(&ticket) else {
+                    // Every pending lock the holder keeps is a waiter here (a cancel ends both):
+                    // a handle for no waiter is this shard's bug. Nobody can use it, so it is
+                    // given back rather than left to hold its key until its deadline.
+                    tracing::error!(?ticket, "a lock was admitted for no waiting caller; given back");
+                    let _ = self.holder.give_back(now, handle);
+                    return;
+                };
                 self.unqueue(w.owner);
                 observe_span(&self.lock_wait, w.since, now);
                 self.admitted(now, &w.key, &handle, w.owner, false);
