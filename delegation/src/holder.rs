@@ -1667,12 +1667,17 @@ impl Entry {
 
     /// A renewal's grant that arrives after its delegation is gone is a stray: the past
     /// delegation is remembered at least as long as that grant may be live, so the stray is
-    /// recognised as one (see `Holder::stray_grant`).
+    /// recognised as one (see `Holder::stray_grant`). So is one whose request is dropped while the delegation is still held (a recall made it
+    /// unneeded): the delegation's `answers_until` covers it, and its past inherits that.
     fn forget_renewal(&mut self) {
-        if let Some(r) = self.request.take_if(|r| r.held.is_some())
-            && let Some(p) = &mut self.past
-        {
-            p.until = p.until.max(r.sent_at + r.lease);
+        if let Some(r) = self.request.take_if(|r| r.held.is_some()) {
+            let until = r.sent_at + r.lease;
+            if let Some(p) = &mut self.past {
+                p.until = p.until.max(until);
+            }
+            if let Some(d) = &mut self.deleg {
+                d.answers_until = d.answers_until.max(until);
+            }
         }
     }
 
@@ -1695,8 +1700,8 @@ impl Entry {
             // home still sends is a stray and handed back.
             let moved = auth.home_of(&self.key).is_some_and(|home| home != r.to);
             if !needed || moved {
+                self.forget_renewal();
                 if moved {
-                    self.forget_renewal();
                     self.retry_at = now;
                     if let Some(d) = &mut self.deleg {
                         d.renew_at = now;

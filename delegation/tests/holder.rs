@@ -771,6 +771,37 @@ fn a_renewal_grant_after_an_expiry_is_handed_back_recovered() {
     assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
 }
 
+/// The same when a Recall made the renewal unneeded while it was in flight (found by the lock
+/// simulation, hostile 3-member seed 3824 on 2026-12-06): the holder dropped the request without
+/// noting how long its answer may stay live, forgot the key once the handle and the delegation
+/// had run out, and handed the late grant back with the grant's own flag, `recovered: false`,
+/// although the handle had ended at its deadline.
+#[test]
+fn a_renewal_dropped_at_a_recall_is_handed_back_recovered_after_an_expiry() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    h.handle_message(at(0), HOME, grant(b"k", r.id, grantee(1), secs(1), Some(b"p"), false), &auth);
+    locked_event(&mut h, ticket);
+    tick(&mut h, &auth, at(500));
+    let renewal = one_request(&mut h);
+    assert_eq!((renewal.held, renewal.lease), (Some(grantee(1)), secs(10)));
+    // Recalled: admission closes and the renewal is no longer needed; the handle holds on.
+    h.handle_message(at(600), HOME, recall(b"k", grantee(1)), &auth);
+    tick(&mut h, &auth, at(700));
+    assert!(sent(&mut h).is_empty(), "the handle is live: nothing is released yet");
+    tick(&mut h, &auth, at(1_000));
+    assert_eq!(h.delegation(at(1_000), b"k"), None);
+    sent(&mut h);
+    events(&mut h);
+    // After every answer to the acquisition (sent at 0 for 10 s) is dead, but the renewal (sent
+    // at 0.5 s for 10 s) may still be live.
+    tick(&mut h, &auth, at(10_100));
+    h.handle_message(at(10_200), HOME, grant(b"k", renewal.id, grantee(1), secs(10), None, false), &auth);
+    assert_eq!(sent(&mut h), vec![(HOME, release(grantee(1), None, true))]);
+}
+
 /// After a restart, a grant answering a request of the earlier run may renew a delegation under
 /// which that run admitted handles whose owners are still inside the deadlines they were told (a
 /// crash ends none of them). Handing it back would let the home grant the key to someone else
