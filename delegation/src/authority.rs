@@ -37,6 +37,17 @@ pub trait Authority {
         let _ = key;
         None
     }
+
+    /// Whether the current epoch's activation instant has passed at `now` (see
+    /// [`EpochNode::activation_passed`]). A home adopts no handover afterwards: it may have been
+    /// active for the key already, granted it and dropped its record, and the handed state is
+    /// older than that.
+    ///
+    /// The default, `true`, is the safe answer: no handover is adopted.
+    fn activation_passed(&self, now: Instant) -> bool {
+        let _ = now;
+        true
+    }
 }
 
 impl Authority for EpochNode {
@@ -70,6 +81,10 @@ impl Authority for EpochNode {
 
     fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
         EpochNode::previous_home_of(self, key)
+    }
+
+    fn activation_passed(&self, now: Instant) -> bool {
+        EpochNode::activation_passed(self, now)
     }
 }
 
@@ -106,5 +121,9 @@ impl Authority for EpochView {
 
     fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
         EpochView::previous_home_of(self, key)
+    }
+
+    fn activation_passed(&self, now: Instant) -> bool {
+        EpochView::activation_passed(self, now)
     }
 }

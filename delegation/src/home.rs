@@ -54,9 +54,10 @@
 //!
 //! The new home *adopts* the handed state when the Handover carries its own current epoch `e`,
 //! it is the key's home under `e`, the sender was the key's home under `e − 1`
-//! ([`Authority::previous_home_of`]), it has no record of the key, and it is not yet
-//! [`Authority::home_active`] for the key (once it is, it may have granted and forgotten the key
-//! since the Handover left: the handed state is stale, and not needed). It keeps the handed
+//! ([`Authority::previous_home_of`]), it has no record of the key, and the activation wait of `e`
+//! is not over ([`Authority::activation_passed`]: once it is, the home may have been active for
+//! the key, granted it and forgotten it since the Handover left, even if it has no lease now: the
+//! handed state is stale, and not needed). It keeps the handed
 //! delegation until `receipt + rate_margin(remaining, ppm)` (the remaining time was measured on
 //! the old home's clock), and may grant the key as soon as that delegation ends or is released,
 //! **without waiting for [`Authority::home_active`]**: for adopted keys it checks only that it
@@ -1320,10 +1321,12 @@ impl Home {
             && auth.home_of(&key) == Some(self.config.id)
             && auth.previous_home_of(&key) == Some(from)
             && found.slot.is_none()
-            // Once this home is active for the key it may have granted and forgotten it since the
-            // Handover was sent: the handed state is stale, and no longer needed either (the wait
-            // behind `home_active` outlasts every delegation of the previous epoch).
-            && !auth.home_active(now, &key);
+            // Once the activation wait is over this home may have been active for the key, granted
+            // it and forgotten it since the Handover was sent (a record that says no more than "no
+            // record" is dropped), even if it has lost its lease now: the handed state is stale,
+            // and no longer needed either (the wait outlasts every delegation of the previous
+            // epoch).
+            && !auth.activation_passed(now);
         if adopt {
             let ppm = auth.timing().clock_rate_ppm;
             let k = self.keys.create(found.hash, Box::from(key.as_slice()));

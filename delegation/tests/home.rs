@@ -99,6 +99,9 @@ impl Authority for Script {
     fn previous_home_of(&self, _key: &[u8]) -> Option<NodeId> {
         self.previous
     }
+    fn activation_passed(&self, _now: Instant) -> bool {
+        self.active
+    }
 }
 
 // ---- helpers ----
@@ -1164,6 +1167,44 @@ fn a_handover_is_adopted_only_from_the_previous_home_under_the_same_epoch() {
     new.handle_message(at(3), B, request(2, b"k", 2, ms(500), ms(0), None), &auth);
     let (_, _, _, note, recovered) = the_grant(&mut new, B);
     assert_eq!((note.as_deref(), recovered), (Some(&b"n"[..]), false));
+}
+
+/// A handover that arrives once the activation wait is over is stale even when the home has lost
+/// its lease meanwhile (found by the lock simulation, seed 18952 on 2026-12-06): the home was
+/// active, granted the key, saw the delegation expire and dropped the record (it said no more
+/// than "no record"); adopting the old home's clean note then would tell the next holder
+/// `recovered: false` after an expiry.
+#[test]
+fn a_handover_after_the_activation_is_not_adopted_without_a_lease_either() {
+    let mut auth = Script::new(N);
+    auth.epoch = 2;
+    auth.previous = Some(H);
+    let mut new = Home::new(config(N), Instant::ZERO);
+    // Active (activation over, lease held): grants the key, whose delegation then expires.
+    new.handle_message(at(0), A, request(2, b"k", 1, ms(500), ms(0), None), &auth);
+    let (_, g, lease, _, _) = the_grant(&mut new, A);
+    assert_eq!(g.epoch, 2);
+    let end = end_of(at(0), lease);
+    new.handle_timeout(end, &auth);
+    drain(&mut new);
+    assert_eq!(new.tracked_keys(), 0, "an expired key's record says no more than no record");
+    // The lease runs out; the old home's handover, late, arrives.
+    auth.lease = false;
+    let body = Body::Handover {
+        key: b"k".to_vec(),
+        live: None,
+        note: Some(b"old".to_vec()),
+        recovered: false,
+        lock_delay: Duration::ZERO,
+    };
+    new.handle_message(end + ms(1), H, Message { epoch: 2, body }, &auth);
+    assert_eq!(drain(&mut new), vec![(H, Body::HandoverAck { key: b"k".to_vec() })]);
+    assert!(!new.is_adopted(b"k"));
+    // With the lease back, the next holder is told the handoff may be incomplete.
+    auth.lease = true;
+    new.handle_message(end + ms(2), B, request(2, b"k", 1, ms(500), ms(0), None), &auth);
+    let (_, _, _, note, recovered) = the_grant(&mut new, B);
+    assert_eq!((note, recovered), (None, true));
 }
 
 #[test]

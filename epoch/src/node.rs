@@ -291,6 +291,14 @@ impl EpochNode {
         self.lease_until(now).is_some()
     }
 
+    /// Whether the current epoch's activation instant has passed at `now`: from then on every
+    /// key this node is the new home of is active whenever it holds a lease, without a handover,
+    /// so a handover that arrives later is stale (the home may have granted the key, and dropped
+    /// its record, since).
+    pub fn activation_passed(&self, now: Instant) -> bool {
+        self.history.activation_passed(now)
+    }
+
     /// The home of `key` under the current epoch.
     pub fn home_of(&self, key: &[u8]) -> Option<NodeId> {
         self.history.home_of(key)

@@ -52,6 +52,12 @@ impl History {
         learned.ring.home(key)
     }
 
+    /// Whether the current epoch's activation instant has passed at `now` (see
+    /// [`EpochNode::activation_passed`](crate::EpochNode::activation_passed)).
+    pub fn activation_passed(&self, now: Instant) -> bool {
+        self.learned.back().is_some_and(|learned| now >= learned.fence_until)
+    }
+
     /// The home of `key` under the epoch before `current` (see
     /// [`EpochNode::previous_home_of`](crate::EpochNode::previous_home_of)).
     pub fn previous_home_of(&self, current: u64, key: &[u8], bugs: Bugs) -> Option<NodeId> {
@@ -133,6 +139,11 @@ impl EpochView {
     /// Whether the view holds a home lease at `now`.
     pub fn holds_lease(&self, now: Instant) -> bool {
         self.lease_until(now).is_some()
+    }
+
+    /// Whether the current epoch's activation instant had passed at `now`, by this view.
+    pub fn activation_passed(&self, now: Instant) -> bool {
+        self.history.activation_passed(now)
     }
 
     /// The home of `key` under the current epoch.

@@ -100,4 +100,8 @@ impl Authority for Script {
     fn previous_home_of(&self, key: &[u8]) -> Option<NodeId> {
         self.previous.as_ref()?.home(key)
     }
+
+    fn activation_passed(&self, _now: Instant) -> bool {
+        self.active
+    }
 }
