@@ -155,7 +155,7 @@ pub(crate) struct Carrier<'a> {
 struct Later {
     /// Notices for client sessions.
     notices: Vec<(crate::core::ClientOwner, keyhome_delegation::HandleId, Vec<u8>, crate::core::Notice)>,
-    /// Handles admitted for callers that gave up meanwhile: unlocked.
+    /// Handles admitted for callers that gave up meanwhile: given back ([`callers::give_back`]).
     unclaimed: Vec<Handle>,
 }
 
@@ -233,7 +233,7 @@ impl<'a> Carrier<'a> {
         Carrier { shared, now, caller: None, later: None, wake: false, failed: false }
     }
 
-    /// What waits until the call is over: unlocking handles nobody claimed, failing the core,
+    /// What waits until the call is over: giving back handles nobody claimed, failing the core,
     /// waking the timer task, telling the sessions. Most calls (a re-lock, and an unlock that
     /// moves no deadline earlier) leave none of it: they return after one test.
     #[inline]
