@@ -36,6 +36,16 @@ pub struct Report {
     pub stats: Stats,
 }
 
+impl runner::SeedOutcome for Report {
+    type Kind = Kind;
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+    fn first_violation(&self) -> Option<(Kind, String)> {
+        self.violations.first().map(|v| (v.kind, v.to_string()))
+    }
+}
+
 /// Runs one seed to its end.
 pub fn run_seed(seed: u64, options: &Options) -> Report {
     let mut world = World::new(seed, Scenario::generate(seed, options));

@@ -83,3 +83,26 @@ fn watch(running: &[Mutex<Option<(u64, Instant)>>], workers_gone: &mpsc::Receive
         }
     }
 }
+
+/// One seed's outcome, as a search for a switched-off rule reads it.
+pub trait SeedOutcome {
+    /// What broke.
+    type Kind: PartialEq + std::fmt::Debug;
+    /// The seed.
+    fn seed(&self) -> u64;
+    /// The first violation, with its kind and its description.
+    fn first_violation(&self) -> Option<(Self::Kind, String)>;
+}
+
+/// The first of `reports` (seed results, in seed order, of a run with `what` switched off) that
+/// found a violation; panics if none did, or if its first violation is not of a kind in
+/// `expected`: a safety check that cannot fail proves nothing. Prints what it found.
+pub fn first_caught<R: SeedOutcome>(what: &str, reports: &[R], expected: &[R::Kind]) -> u64 {
+    let Some((seed, (kind, violation))) = reports.iter().find_map(|r| Some((r.seed(), r.first_violation()?)))
+    else {
+        panic!("with {what}, {} seeds found no violation", reports.len())
+    };
+    assert!(expected.contains(&kind), "{what}: seed {seed} found {violation}, expected {expected:?}");
+    println!("{what}: seed {seed} finds {violation}");
+    seed
+}

@@ -21,6 +21,7 @@ use keyhome_epoch::{Change, NodeId, Timing};
 use keyhome_sim::locks::{
     LockKind, LockOptions, LockScenario, LockViolation, LockWorld, lock_bug, run_lock_seeds,
 };
+use keyhome_sim::runner::first_caught;
 
 /// One simulated millisecond, in nanoseconds.
 const MS: u64 = 1_000_000;
@@ -31,16 +32,7 @@ const CAP: u64 = 200;
 fn caught(bug: &str, expected: &[LockKind]) {
     let base = LockOptions { members: Some(3), hostile: true, ..LockOptions::default() };
     let options = lock_bug(bug, base).expect("a known bug");
-    let reports = run_lock_seeds(0..CAP, &options, 2, true);
-    let found = reports.iter().find(|r| !r.violations.is_empty());
-    let Some(report) = found else { panic!("with {bug} switched off, {CAP} seeds found no violation") };
-    let violation = &report.violations[0];
-    assert!(
-        expected.contains(&violation.kind),
-        "{bug}: seed {} found {violation}, expected {expected:?}",
-        report.seed
-    );
-    println!("{bug}: seed {} finds {violation}", report.seed);
+    first_caught(bug, &run_lock_seeds(0..CAP, &options, 2, true), expected);
 }
 
 #[test]
@@ -100,12 +92,11 @@ fn an_incarnation_that_is_not_durable_makes_tokens_fail_to_increase() {
 /// Searches calm seeds from 0 until the first violation, which must be a `ChangePause`.
 fn caught_calm(bug: &str) {
     let options = lock_bug(bug, LockOptions { calm: true, ..LockOptions::default() }).expect("a known bug");
-    let reports = run_lock_seeds(0..CALM_CAP, &options, 2, true);
-    let found = reports.iter().find(|r| !r.violations.is_empty());
-    let Some(report) = found else { panic!("with {bug}, {CALM_CAP} calm seeds found no violation") };
-    let violation = &report.violations[0];
-    assert_eq!(violation.kind, LockKind::ChangePause, "{bug}: seed {} found {violation}", report.seed);
-    println!("{bug}: calm seed {} finds {violation}", report.seed);
+    first_caught(
+        &format!("{bug} (calm)"),
+        &run_lock_seeds(0..CALM_CAP, &options, 2, true),
+        &[LockKind::ChangePause],
+    );
 }
 
 /// Most calm seeds a search may take.

@@ -98,6 +98,16 @@ pub struct LockReport {
     pub stats: LockStats,
 }
 
+impl crate::runner::SeedOutcome for LockReport {
+    type Kind = LockKind;
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+    fn first_violation(&self) -> Option<(LockKind, String)> {
+        self.violations.first().map(|v| (v.kind, v.to_string()))
+    }
+}
+
 /// Runs one seed to its end.
 pub fn run_lock_seed(seed: u64, options: &LockOptions) -> LockReport {
     let scenario =
