@@ -379,9 +379,10 @@ struct Delegation {
     deadline: Instant,
     /// When to renew if busy: half the lease after the granting request's send instant.
     renew_at: Instant,
-    /// The latest instant a grant answering any request this delegation came from or was renewed
-    /// by may still arrive live (send instant + asked lease): the network may duplicate or delay
-    /// an answer already taken, so the key's [`Past`] outlives this, to recognise such a grant.
+    /// The latest instant a grant answering any request this delegation came from, was renewed
+    /// by, or dropped as unneeded at a recall may still arrive live (send instant + asked lease):
+    /// the network may duplicate or delay an answer already taken, so the key's [`Past`] outlives
+    /// this, to recognise such a grant.
     answers_until: Instant,
     next_seq: u64,
     /// Set by a recall: admission is closed, the local handle (asked to unlock by an
@@ -409,6 +410,16 @@ struct Local {
     until: Instant,
     /// The handle's token, for token checks.
     token: FencingToken,
+    /// The handle was told `recovered`: what a give-back hands on ([`Holder::give_back`]).
+    recovered: bool,
+}
+
+/// How a live handle ends ([`Holder::end`]).
+enum Ending {
+    /// Unlocked by its holder, leaving this note for the next one.
+    Unlocked(Option<Vec<u8>>),
+    /// Given back unused: the next holder gets this handle's handoff.
+    GivenBack,
 }
 
 #[derive(Debug)]
@@ -654,33 +665,36 @@ impl Holder {
     /// for [`Holder::renew`].
     #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
-        self.end(now, handle, note, false)
-    }
-
-    /// Ends a live handle under which nothing was done (its caller went away before it saw the
-    /// handle): the key's next holder gets the handoff this handle got, its note and its
-    /// `recovered` flag, as if it had never been admitted. Errors as for [`Holder::unlock`].
-    pub fn give_back(&mut self, now: Instant, handle: Handle) -> Result<(), LockError> {
-        self.end(now, handle.id, handle.note, handle.recovered)
-    }
-
-    /// Ends a live handle, leaving `note` for the next holder; `unclean`: the next holder must be
-    /// told the handoff may be incomplete (`recovered`).
-    #[inline]
-    fn end(
-        &mut self,
-        now: Instant,
-        handle: HandleId,
-        note: Option<Vec<u8>>,
-        unclean: bool,
-    ) -> Result<(), LockError> {
         if note.as_ref().is_some_and(|n| n.len() > self.config.limits.max_note_len) {
             return Err(LockError::NoteTooLarge);
         }
+        self.end(now, handle, Ending::Unlocked(note))
+    }
+
+    /// Ends a live handle under which nothing was done (its caller went away before it saw the
+    /// handle): the key's next holder gets the handoff this handle got, the key's note unchanged
+    /// and the handle's `recovered` flag, as if it had never been admitted. Fails only as
+    /// [`Holder::unlock`] does for a handle that is no longer live.
+    pub fn give_back(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
+        self.end(now, handle, Ending::GivenBack)
+    }
+
+    /// Ends a live handle as `ending` says.
+    #[inline]
+    fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
         let slot = self.live(now, handle)?;
         let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
-        e.local = None;
-        e.note = note;
+        // `live` found it: the entry's local handle.
+        let recovered = e.local.take().is_some_and(|l| l.recovered);
+        // The next local holder is told `recovered` when this one's end may be incomplete: never
+        // after an unlock; after a give-back, when this handle was told so itself.
+        let unclean = match ending {
+            Ending::Unlocked(note) => {
+                e.note = note;
+                false
+            }
+            Ending::GivenBack => recovered,
+        };
         if let Some(d) = e.deleg.as_mut() {
             d.unclean = unclean;
             d.last_activity = now;
@@ -1548,7 +1562,7 @@ impl Entry {
         };
         d.last_activity = now;
         d.active = true;
-        self.local = Some(Local { serial, deadline, until, token });
+        self.local = Some(Local { serial, deadline, until, token, recovered });
         Handle { id: HandleId { serial, slot }, token, deadline, note, recovered }
     }
 

@@ -409,10 +409,10 @@ fn a_handle_given_back_hands_on_the_handoff_it_got() {
     let r = one_request(&mut h);
     h.handle_message(at(10), HOME, grant(b"k", r.id, grantee(1), secs(10), Some(b"wal=12"), true), &auth);
     let unseen = locked_event(&mut h, ticket);
-    h.give_back(at(11), unseen).unwrap();
+    h.give_back(at(11), unseen.id).unwrap();
     let next = locked(h.lock(at(20), b"k", secs(1), secs(5), &auth));
     assert_eq!((next.note.as_deref(), next.recovered), (Some(&b"wal=12"[..]), true));
-    h.give_back(at(21), next).unwrap();
+    h.give_back(at(21), next.id).unwrap();
     tick(&mut h, &auth, at(2_021));
     let (_, _, _, note, recovered) = one_release_flagged(&mut h);
     assert_eq!((note.as_deref(), recovered), (Some(&b"wal=12"[..]), true), "the idle release too");
@@ -420,8 +420,8 @@ fn a_handle_given_back_hands_on_the_handoff_it_got() {
     let (a, _) = acquire(&mut h, &auth, at(3_000), b"k", 2);
     h.unlock(at(3_001), a.id, Some(b"wal=13".to_vec())).unwrap();
     let b = locked(h.lock(at(3_002), b"k", secs(1), secs(5), &auth));
-    assert_eq!(h.give_back(at(3_003), b.clone()), Ok(()));
-    assert_eq!(h.give_back(at(3_004), b), Err(LockError::UnknownHandle), "ended once");
+    assert_eq!(h.give_back(at(3_003), b.id), Ok(()));
+    assert_eq!(h.give_back(at(3_004), b.id), Err(LockError::UnknownHandle), "ended once");
     let c = locked(h.lock(at(3_005), b"k", secs(1), secs(5), &auth));
     assert_eq!((c.note.as_deref(), c.recovered), (Some(&b"wal=13"[..]), false));
 }

@@ -234,8 +234,10 @@ async fn serve_request(
         _ = send.stopped() => return,
     };
     let response = response.unwrap_or_else(Response::Error);
-    if let Err(e) = wire::write_frame(&mut send, &response, MAX_CLIENT_FRAME).await {
-        tracing::debug!(conn, "cannot answer the client: {e}");
+    let undelivered = Undelivered::new(&shared, owner, &response);
+    match wire::write_frame(&mut send, &response, MAX_CLIENT_FRAME).await {
+        Ok(()) => undelivered.delivered(),
+        Err(e) => tracing::debug!(conn, "cannot answer the client: {e}"),
     }
     let _ = send.finish();
 }
@@ -272,6 +274,10 @@ pub(crate) async fn answer(
         }
         Request::Unlock { handle, note } => {
             unlock_handle(shared, owner, handle, note)?;
+            Ok(Response::Unlocked)
+        }
+        Request::GiveBack { handle } => {
+            give_back_handle(shared, owner, handle)?;
             Ok(Response::Unlocked)
         }
         Request::Check { key, token } => {
@@ -385,6 +391,47 @@ fn unlock_handle(
         let h = core.claim(handle, owner).map_err(claim_error)?;
         core.unlock(now, h, note, out).map_err(lock_error)
     })
+}
+
+/// Ends handle `handle` of `owner`'s identity, which no caller saw: see [`Request::GiveBack`].
+fn give_back_handle(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) -> Result<(), ApiError> {
+    shared.with_core(|core, now, out| {
+        let h = core.claim(handle, owner).map_err(claim_error)?;
+        core.give_back(now, h, out).map_err(lock_error)
+    })
+}
+
+/// A call's answer on its way to the client. If it is a lock's and is dropped before
+/// [`Undelivered::delivered`] (the connection ended, or the task carrying it was aborted, before
+/// the transport took the whole answer), its handle is given back: no caller can have learned it,
+/// and the key would otherwise stay taken until the handle's deadline.
+///
+/// Only an answer the transport never took whole may be given back: one written to the socket
+/// may have been read, and its caller may hold the key.
+pub(crate) struct Undelivered<'a> {
+    shared: &'a Arc<Shared>,
+    owner: ClientOwner,
+    handle: Option<u64>,
+}
+
+impl<'a> Undelivered<'a> {
+    pub(crate) fn new(shared: &'a Arc<Shared>, owner: ClientOwner, response: &Response) -> Undelivered<'a> {
+        Undelivered { shared, owner, handle: response.locked_handle() }
+    }
+
+    /// The transport took the whole answer.
+    pub(crate) fn delivered(mut self) {
+        self.handle = None;
+    }
+}
+
+impl Drop for Undelivered<'_> {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle {
+            tracing::debug!(conn = self.owner.conn, handle, "a lock answer reached nobody: given back");
+            let _ = give_back_handle(self.shared, self.owner, handle);
+        }
+    }
 }
 
 fn claim_error(e: ClaimError) -> ApiError {

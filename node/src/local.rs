@@ -307,13 +307,12 @@ impl Connection {
         let mut answer = Box::pin(async move { crate::api::answer(&shared, owner, &role, request).await });
         if let Some(result) = poll_once(&mut answer).await {
             drop(permit);
-            let response = result.unwrap_or_else(Response::Error);
-            return self.out.send(LocalFrame::Answer { id, response }).await.is_ok();
+            return queue_answer(&self.shared, owner, &self.out, id, result).await;
         }
-        let out = self.out.clone();
+        let (shared, out) = (Arc::clone(&self.shared), self.out.clone());
         let task = tokio::spawn(async move {
-            let response = answer.await.unwrap_or_else(Response::Error);
-            let _ = out.send(LocalFrame::Answer { id, response }).await;
+            let result = answer.await;
+            queue_answer(&shared, owner, &out, id, result).await;
             drop(permit);
         });
         if self.waiting.len() >= self.max_in_flight {
@@ -327,10 +326,15 @@ impl Connection {
     /// withdrawn (the answer's future is dropped, as a `Cancel` drops it). A cast never stays in
     /// flight, so it takes no in-flight slot. False once the connection is to end.
     async fn cast(&mut self, request: Request) -> bool {
-        if let Request::Subscribe = request {
-            let error =
-                ApiError::new(ErrorKind::Invalid, "Subscribe cannot be a Cast: its events follow its answer");
-            let _ = self.out.send(LocalFrame::Refused(error)).await;
+        let refusal = match request {
+            Request::Subscribe => Some("Subscribe cannot be a Cast: its events follow its answer"),
+            Request::Lock { .. } | Request::Relock { .. } => {
+                Some("a lock cannot be a Cast: its answer names the handle to unlock")
+            }
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
+            let _ = self.out.send(LocalFrame::Refused(ApiError::new(ErrorKind::Invalid, refusal))).await;
             return false;
         }
         let mut answer = std::pin::pin!(crate::api::answer(&self.shared, self.owner, &self.role, request));
@@ -369,6 +373,24 @@ impl Connection {
         self.events = Some(task.abort_handle());
         true
     }
+}
+
+/// Queues call `id`'s answer for the connection's writer; false once the writer is gone. A lock
+/// answer that never reaches the queue is given back ([`crate::api::Undelivered`]).
+async fn queue_answer(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    out: &mpsc::Sender<LocalFrame>,
+    id: u64,
+    result: Result<Response, ApiError>,
+) -> bool {
+    let response = result.unwrap_or_else(Response::Error);
+    let undelivered = crate::api::Undelivered::new(shared, owner, &response);
+    let queued = out.send(LocalFrame::Answer { id, response }).await.is_ok();
+    if queued {
+        undelivered.delivered();
+    }
+    queued
 }
 
 /// Polls `future` once: its output if it is ready at once.

@@ -229,6 +229,11 @@ pub enum Request {
     /// Unlock `handle` (leaving `note`), then lock `key` as [`Request::Lock`] does, in one round
     /// trip. If the unlock fails, nothing is locked and its error is the answer.
     Relock { handle: u64, note: Option<Vec<u8>>, key: Vec<u8>, ttl: Duration, wait: Duration },
+    /// End a handle this connection never used: the lock answer came after its caller stopped
+    /// waiting. Unlike [`Request::Unlock`] it leaves the key's handoff as the handle found it (its
+    /// note, and `recovered` for the next holder if this handle was told so), as if the lock had
+    /// never been admitted. Answered [`Response::Unlocked`].
+    GiveBack { handle: u64 },
 }
 
 impl Request {
@@ -245,6 +250,7 @@ impl Request {
             Request::RecoverUnsafe { .. } => "recover",
             Request::Subscribe => "subscribe",
             Request::Relock { .. } => "relock",
+            Request::GiveBack { .. } => "give back",
         }
     }
 }
@@ -286,6 +292,16 @@ pub enum Response {
     /// The event stream of a [`Request::Subscribe`] is open: [`ClientEvent`]s follow (on QUIC on
     /// its stream, on the local socket as [`LocalFrame::Event`]s).
     Subscribed,
+}
+
+impl Response {
+    /// The handle a lock answer names: what must be given back if the answer reaches nobody.
+    pub fn locked_handle(&self) -> Option<u64> {
+        match self {
+            Response::Locked(locked) => Some(locked.handle),
+            _ => None,
+        }
+    }
 }
 
 /// A failed request, as the client sees it.

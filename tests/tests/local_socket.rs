@@ -1,7 +1,7 @@
 //! The client API on a node's Unix socket (node/src/local.rs), against real `keyhome run`
 //! processes: identity from the peer's uid, refused peers, bad frames, many requests in flight,
-//! pipelined unlocks and relocks, casts, withdrawn calls, sessions and lost-lock events as on QUIC,
-//! and nodes that busy-poll.
+//! pipelined unlocks and relocks, casts, withdrawn calls, lock answers nobody takes given back,
+//! sessions and lost-lock events as on QUIC, and nodes that busy-poll.
 //!
 //! The harness lays every node out with a socket on which this test's uid is the client `app`
 //! (the identity of the `app` certificate on QUIC); tests that need other mappings rewrite a
@@ -330,14 +330,12 @@ fn send_frame(stream: &mut std::os::unix::net::UnixStream, request: &LocalReques
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
-    // Locks taken by the raw connection outlive every wait below: a cast that failed to unlock,
-    // or a lock it left queued, would hold its key past the other client's PATIENCE.
+async fn a_cast_gets_no_answer_and_locks_and_subscriptions_cannot_be_casts() {
+    // The lock taken by the raw connection outlives every wait below: a cast that failed to
+    // unlock would hold its key past the other client's PATIENCE.
     const OUTLIVES: Duration = Duration::from_secs(600);
     let cluster = started().await;
-    let (held, queued) =
-        (key_homed_on("cast-held", &[1, 2, 3], 3), key_homed_on("cast-queued", &[1, 2, 3], 2));
-    let holder = cluster.client(3).await.lock(&queued, TTL, PATIENCE).await.expect("hold the key");
+    let held = key_homed_on("cast-held", &[1, 2, 3], 3);
     let mut stream = raw_connection(&cluster.local_socket(1));
     send_frame(
         &mut stream,
@@ -353,7 +351,6 @@ async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
     let casts = [
         Request::Unlock { handle: handle + 1000, note: None }, // fails: no such handle
         Request::Unlock { handle, note: None },
-        Request::Lock { key: queued.clone(), ttl: OUTLIVES, wait: PATIENCE }, // would wait: withdrawn
     ];
     for request in casts {
         send_frame(&mut stream, &LocalRequest::Cast { request });
@@ -362,7 +359,7 @@ async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
     send_frame(&mut stream, &LocalRequest::Call { id: 7, request: Request::Status });
     match read_frame(&mut stream) {
         Some(LocalFrame::Answer { id: 7, response: Response::Status(_) }) => {}
-        other => panic!("the first frame after three casts is {other:?}"),
+        other => panic!("the first frame after two casts is {other:?}"),
     }
     // The cast unlock freed its key, cleanly (a handle left to run out would pass it on
     // `recovered` once its delegation, recalled, ran out).
@@ -370,20 +367,21 @@ async fn a_cast_gets_no_answer_and_what_would_wait_is_withdrawn() {
     let freed = other.lock(&held, TTL, PATIENCE).await.expect("the cast unlock freed the key");
     assert!(!freed.recovered(), "the cast unlock did not end the handle");
     freed.unlock(None).await.expect("unlock");
-    // The cast lock that would have waited is not queued: once the holder unlocks, a client of
-    // another node gets the key straight from it, not from a cast lock left to run out.
-    holder.unlock(None).await.expect("unlock");
-    let next = other.lock(&queued, TTL, PATIENCE).await.expect("the withdrawn cast does not hold the key");
-    assert!(!next.recovered(), "the withdrawn cast lock held the key and ran out");
-    next.unlock(None).await.expect("unlock");
 
-    // A cast Subscribe could never be answered: the node refuses the frame and closes.
-    send_frame(&mut stream, &LocalRequest::Cast { request: Request::Subscribe });
-    match read_frame(&mut stream) {
-        Some(LocalFrame::Refused(e)) => assert!(e.message.contains("cannot be a Cast"), "{e:?}"),
-        other => panic!("a cast Subscribe answered {other:?}"),
+    // A cast Subscribe could never be answered, nor a cast lock name its handle: the node
+    // refuses the frame and closes.
+    let lock = Request::Lock { key: held.clone(), ttl: OUTLIVES, wait: PATIENCE };
+    let relock = Request::Relock { handle, note: None, key: held.clone(), ttl: OUTLIVES, wait: PATIENCE };
+    for request in [Request::Subscribe, lock, relock] {
+        let name = request.name();
+        send_frame(&mut stream, &LocalRequest::Cast { request });
+        match read_frame(&mut stream) {
+            Some(LocalFrame::Refused(e)) => assert!(e.message.contains("cannot be a Cast"), "{name}: {e:?}"),
+            other => panic!("a cast {name} answered {other:?}"),
+        }
+        assert!(read_frame(&mut stream).is_none(), "the node closes the connection");
+        stream = raw_connection(&cluster.local_socket(1));
     }
-    assert!(read_frame(&mut stream).is_none(), "the node closes the connection");
 }
 
 /// A lock call withdrawn with `Cancel` (what the Rust client sends when a lock future is dropped)
@@ -532,4 +530,156 @@ async fn busy_polling_nodes_hand_keys_over_and_sleep_once_messages_stop() {
     // A poller that never slept would keep a CPU busy the whole stretch (less only if the
     // machine gave it less); idle nodes with timers due now and then use a few per cent of one.
     assert!(used < idle / 8, "three idle nodes used {used:?} of CPU time in {idle:?}");
+}
+
+/// A lock answer the client's caller never takes is given back, not left to hold its key: the
+/// key is free at once, and its next holder gets the handoff the unseen handle got (the note, not
+/// a clean slate).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_given_back_frees_its_key_with_the_handoff_it_got() {
+    // Had the given-back handle stayed held, the next lock would wait past PATIENCE.
+    const OUTLIVES: Duration = Duration::from_secs(600);
+    let cluster = started().await;
+    let key = key_homed_on("given-back", &[1, 2, 3], 2);
+    let first = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("lock");
+    first.unlock(Some(b"wal=7".to_vec())).await.expect("unlock with a note");
+
+    let mut stream = raw_connection(&cluster.local_socket(1));
+    let mut call = |id: u64, request: Request| {
+        send_frame(&mut stream, &LocalRequest::Call { id, request });
+        match read_frame(&mut stream) {
+            Some(LocalFrame::Answer { id: answered, response }) if answered == id => response,
+            other => panic!("call {id} answered {other:?}"),
+        }
+    };
+    let unseen = match call(1, Request::Lock { key: key.clone(), ttl: OUTLIVES, wait: PATIENCE }) {
+        Response::Locked(locked) => locked,
+        other => panic!("lock answered {other:?}"),
+    };
+    assert_eq!(unseen.note.as_deref(), Some(&b"wal=7"[..]));
+    match call(2, Request::GiveBack { handle: unseen.handle + 1000 }) {
+        Response::Error(e) => assert_eq!(e.kind, ErrorKind::Lost, "{e:?}"),
+        other => panic!("giving back a handle nobody holds answered {other:?}"),
+    }
+    assert!(matches!(call(3, Request::GiveBack { handle: unseen.handle }), Response::Unlocked));
+    match call(4, Request::GiveBack { handle: unseen.handle }) {
+        Response::Error(e) => assert_eq!(e.kind, ErrorKind::Lost, "given back once: {e:?}"),
+        other => panic!("a second give-back answered {other:?}"),
+    }
+    let next = cluster.client(2).await.lock(&key, TTL, PATIENCE).await.expect("the key is free at once");
+    assert_eq!(next.note(), Some(&b"wal=7"[..]), "the handoff passes through the unseen handle");
+    assert!(!next.recovered());
+    next.unlock(None).await.expect("unlock");
+}
+
+/// The Rust client gives back a lock its caller stopped waiting for, whenever the answer comes: a
+/// fake node answers one lock only after the client cancelled it, and another one before the
+/// caller, still waiting but no longer polled, drops its future.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::oneshot;
+
+    async fn read_request(stream: &mut tokio::net::UnixStream) -> LocalRequest {
+        let mut prefix = [0u8; 4];
+        stream.read_exact(&mut prefix).await.expect("a frame from the client");
+        let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
+        stream.read_exact(&mut body).await.expect("a whole frame");
+        keyhome::wire::decode(&body).expect("a frame the client sent decodes")
+    }
+    async fn send(stream: &mut tokio::net::UnixStream, frame: &LocalFrame) {
+        let bytes = keyhome::wire::encode(frame, MAX_CLIENT_FRAME).expect("encode");
+        stream.write_all(&bytes).await.expect("send to the client");
+    }
+    fn locked(handle: u64) -> Response {
+        Response::Locked(keyhome::wire::Locked {
+            handle,
+            token: keyhome_delegation::FencingToken {
+                epoch: 1,
+                incarnation: 1,
+                counter: handle,
+                local_seq: 0,
+            },
+            valid_for: TTL,
+            note: None,
+            recovered: false,
+        })
+    }
+    fn lock_id(request: LocalRequest) -> u64 {
+        match request {
+            LocalRequest::Call { id, request: Request::Lock { .. } } => id,
+            other => panic!("expected a lock call, got {other:?}"),
+        }
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("node.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let (seen_tx, seen_rx) = oneshot::channel::<()>();
+    let (seen2_tx, seen2_rx) = oneshot::channel::<()>();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
+    let (first_tx, first_rx) = oneshot::channel::<LocalRequest>();
+    let node = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.expect("accept");
+        let hello = keyhome::wire::LocalHello {
+            node: NodeId(1),
+            identity: "client-app.keyhome".into(),
+            protocols: keyhome::wire::LOCAL_PROTOCOLS,
+        };
+        send(&mut stream, &LocalFrame::Hello(hello)).await;
+        // 1. Answered after the client's Cancel: the answer's id is no longer pending.
+        let id = lock_id(read_request(&mut stream).await);
+        let _ = seen_tx.send(());
+        match read_request(&mut stream).await {
+            LocalRequest::Cancel { id: cancelled } => assert_eq!(cancelled, id),
+            other => panic!("expected the cancel of call {id}, got {other:?}"),
+        }
+        send(&mut stream, &LocalFrame::Answer { id, response: locked(41) }).await;
+        let _ = first_tx.send(read_request(&mut stream).await);
+        // 2. Answered while its caller still waits; the unlock call after it shows the client's
+        // reader has handed the answer over before the caller goes.
+        let id = lock_id(read_request(&mut stream).await);
+        let _ = seen2_tx.send(());
+        go_rx.await.expect("the test goes on");
+        send(&mut stream, &LocalFrame::Answer { id, response: locked(42) }).await;
+        let unlock = match read_request(&mut stream).await {
+            LocalRequest::Call { id, request: Request::Unlock { .. } } => id,
+            other => panic!("expected an unlock call, got {other:?}"),
+        };
+        send(&mut stream, &LocalFrame::Answer { id: unlock, response: Response::Unlocked }).await;
+        let heard = vec![read_request(&mut stream).await, read_request(&mut stream).await];
+        (id, heard)
+    });
+
+    let client = Client::connect_local(&socket).await.expect("connect to the fake node");
+    {
+        let lock = client.lock(b"k", TTL, PATIENCE);
+        tokio::pin!(lock);
+        tokio::select! {
+            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
+            seen = seen_rx => seen.expect("the fake node saw the call"),
+        }
+    } // dropped: the client cancels the call
+    let give_back = |handle: u64| LocalRequest::Cast { request: Request::GiveBack { handle } };
+    let first =
+        tokio::time::timeout(PATIENCE, first_rx).await.expect("the client spoke").expect("the fake node");
+    assert_eq!(format!("{first:?}"), format!("{:?}", give_back(41)), "a lock answered after its cancel");
+    {
+        let lock = client.lock(b"k", TTL, PATIENCE);
+        tokio::pin!(lock);
+        tokio::select! {
+            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
+            seen = seen2_rx => seen.expect("the fake node saw the call"),
+        }
+        let _ = go_tx.send(());
+        client.unlock(7, None).await.expect("the fake node answers the unlock");
+    } // dropped, its answer unread
+    let (second, heard) =
+        tokio::time::timeout(PATIENCE, node).await.expect("the client spoke").expect("the fake node");
+    let mut rest: Vec<String> = heard.iter().map(|r| format!("{r:?}")).collect();
+    rest.sort();
+    let mut expected =
+        vec![format!("{:?}", give_back(42)), format!("{:?}", LocalRequest::Cancel { id: second })];
+    expected.sort();
+    assert_eq!(rest, expected, "a lock answered before its caller left: cancelled and given back");
 }

@@ -76,8 +76,8 @@ impl LocalConn {
             .await
             .map_err(|_| refused(format!("no hello from the node within {timeout:?}")))??;
         let state = Arc::new(std::sync::Mutex::new(State::default()));
-        let reader = tokio::spawn(read_frames(frames, Arc::clone(&state))).abort_handle();
         let sink = Arc::new(tokio::sync::Mutex::new(FramedWrite::new(write, codec())));
+        let reader = tokio::spawn(read_frames(frames, Arc::clone(&state), Arc::clone(&sink))).abort_handle();
         Ok(LocalConn { sink, state, next: AtomicU64::new(1), reader, hello })
     }
 
@@ -102,10 +102,10 @@ impl LocalConn {
             }
             state.pending.insert(id, tx);
         }
-        let mut guard = Cancel { conn: self, id, armed: true };
+        let mut guard = Cancel { conn: self, id, answer: Some(rx) };
         write(&self.sink, &LocalRequest::Call { id, request }).await?;
-        let answer = rx.await;
-        guard.armed = false;
+        let answer = guard.answer.as_mut().expect("taken only here and on drop").await;
+        guard.answer = None;
         answer.map_err(|_| self.closed_error())
     }
 
@@ -145,26 +145,49 @@ impl Drop for LocalConn {
     }
 }
 
-/// Withdraws call `id` at the node if it is dropped before its answer came.
+/// Withdraws call `id` at the node if it is dropped before its answer was taken (`answer` is
+/// then still here).
+///
+/// The node may admit a lock while the caller goes away: its answer then reaches no caller, and
+/// is given back ([`give_back_unclaimed`]) instead of holding the key until the handle's deadline.
+/// Wherever the answer is when the caller goes (on its way, in `pending`'s sender, or already in
+/// the receiver), exactly one of this drop and [`read_frames`] finds it.
 struct Cancel<'a> {
     conn: &'a LocalConn,
     id: u64,
-    armed: bool,
+    answer: Option<oneshot::Receiver<Response>>,
 }
 
 impl Drop for Cancel<'_> {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
+        let Some(mut answer) = self.answer.take() else { return };
         lock(&self.conn.state).pending.remove(&self.id);
+        // After `close`, the reader's send fails (it gives the answer back itself) unless the
+        // answer is already here.
+        answer.close();
+        let unclaimed = answer.try_recv().ok();
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (sink, id) = (Arc::clone(&self.conn.sink), self.id);
             rt.spawn(async move {
                 let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &LocalRequest::Cancel { id })).await;
             });
+            if let Some(response) = unclaimed {
+                give_back_unclaimed(&self.conn.sink, response);
+            }
         }
     }
+}
+
+/// Gives back the handle of a lock answer no caller took (see [`Cancel`]); any other answer is
+/// dropped. The key's next holder gets the handoff this handle got ([`Request::GiveBack`]).
+fn give_back_unclaimed(sink: &Sink, response: Response) {
+    let Response::Locked(locked) = response else { return };
+    let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+    let sink = Arc::clone(sink);
+    let request = LocalRequest::Cast { request: Request::GiveBack { handle: locked.handle } };
+    rt.spawn(async move {
+        let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &request)).await;
+    });
 }
 
 async fn write(sink: &Sink, request: &LocalRequest) -> Result<(), ClientError> {
@@ -177,10 +200,11 @@ async fn write(sink: &Sink, request: &LocalRequest) -> Result<(), ClientError> {
 }
 
 /// Hands each answer to its caller and each event to the subscriber until the connection ends;
-/// then fails every call still waiting.
+/// then fails every call still waiting. A lock answer whose caller is gone is given back.
 async fn read_frames(
     mut frames: FramedRead<OwnedReadHalf, LengthDelimitedCodec>,
     state: Arc<std::sync::Mutex<State>>,
+    sink: Sink,
 ) {
     let reason = loop {
         let body = match frames.next().await {
@@ -190,8 +214,13 @@ async fn read_frames(
         };
         match wire::decode::<LocalFrame>(&body) {
             Ok(LocalFrame::Answer { id, response }) => {
-                if let Some(tx) = lock(&state).pending.remove(&id) {
-                    let _ = tx.send(response);
+                let caller = lock(&state).pending.remove(&id);
+                let unclaimed = match caller {
+                    Some(tx) => tx.send(response).err(),
+                    None => Some(response),
+                };
+                if let Some(response) = unclaimed {
+                    give_back_unclaimed(&sink, response);
                 }
             }
             Ok(LocalFrame::Event(event)) => {

@@ -12,9 +12,14 @@
 //! - decided before the reply was closed: the handle is in the reply, and [`withdraw`] gives it
 //!   back;
 //! - decided after the reply was closed or its entry forgotten: [`LockCallers::decided`] returns
-//!   the handle, which the caller of the core unlocks with [`give_back`] once no part of the core
+//!   the handle, which the caller of the core gives back ([`give_back`]) once no part of the core
 //!   is locked;
 //! - not decided when [`withdraw`] runs: the core withdraws it and never decides it.
+//!
+//! Past the core, a lock answer is a message: `api::Undelivered` gives back one the transport
+//! never took, and the Rust client gives back one that reached it after its caller left
+//! (`Request::GiveBack`). An answer lost on its way (a QUIC client that reset its stream as the
+//! node wrote it) keeps its key until the handle's deadline, as any handle whose client left.
 
 use std::collections::HashMap;
 
@@ -77,8 +82,9 @@ pub enum Withdrawn {
     GivenBack,
     /// The lock was still undecided: the core withdrew it and will never decide it.
     Cancelled,
-    /// The core had decided the lock after the caller closed its reply: the handle, if admitted,
-    /// was [`LockCallers::decided`]'s to give back.
+    /// Nothing was left to withdraw: the lock was refused, or the core decided it after the
+    /// caller closed its reply (the handle, if admitted, was [`LockCallers::decided`]'s to give
+    /// back).
     Decided,
 }
 
@@ -108,6 +114,6 @@ pub fn withdraw(
 /// holder gets its note and its `recovered` flag ([`Core::give_back`]).
 pub fn give_back(core: &Core, now: Instant, handle: Handle, out: &mut impl Sink) {
     // Nobody else knows the handle, so it is live unless it expired or the node stopped
-    // meanwhile; the key is free either way.
-    let _ = core.give_back(now, handle, out);
+    // meanwhile (a give-back fails for nothing else); the key is free either way.
+    let _ = core.give_back(now, handle.id, out);
 }

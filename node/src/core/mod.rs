@@ -50,7 +50,10 @@
 //! (certificate) behind that connection. Only a connection with the same identity may take a
 //! handle over ([`Core::claim`]), and a handle whose connection went away is never ended early:
 //! it keeps its key until its deadline, since the client may still be working inside the
-//! deadline it was told. Embedded handles have no owner entry (their guard holds the handle).
+//! deadline it was told. The one exception is a handle no client can have seen: admitted for a
+//! caller that had stopped waiting, or in an answer the transport never took; it is given back
+//! ([`callers`], `api::Undelivered`). Embedded handles have no owner entry (their guard holds
+//! the handle).
 
 pub mod callers;
 mod membership;
@@ -471,9 +474,10 @@ impl Core {
         self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.unlock(now, handle, note))
     }
 
-    /// Ends a live handle admitted for a caller that went away (see [`Holder::give_back`]).
-    pub fn give_back(&self, now: Instant, handle: Handle, out: &mut impl Sink) -> Result<(), LockError> {
-        self.with_shard(self.shard_of_serial(handle.id.serial()), out, |s| s.give_back(now, handle))
+    /// Ends a live handle under which nothing was done: its caller went away before it saw it
+    /// (see [`Holder::give_back`]).
+    pub fn give_back(&self, now: Instant, handle: HandleId, out: &mut impl Sink) -> Result<(), LockError> {
+        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.give_back(now, handle))
     }
 
     /// The live client handle with serial number `serial`, for a connection of `owner`'s

@@ -270,10 +270,9 @@ impl Shard {
     }
 
     /// See [`Holder::give_back`].
-    pub fn give_back(&mut self, now: Instant, handle: Handle) -> Result<(), LockError> {
-        let id = handle.id;
+    pub fn give_back(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
         let result = self.holder.give_back(now, handle);
-        self.ended(now, id, result)
+        self.ended(now, handle, result)
     }
 
     /// After `handle` was ended with `result`.
@@ -518,7 +517,7 @@ impl Shard {
                     // a handle for no waiter is this shard's bug. Nobody can use it, so it is
                     // given back rather than left to hold its key until its deadline.
                     tracing::error!(?ticket, "a lock was admitted for no waiting caller; given back");
-                    let _ = self.holder.give_back(now, handle);
+                    let _ = self.holder.give_back(now, handle.id);
                     return;
                 };
                 self.unqueue(w.owner);
