@@ -39,6 +39,9 @@ pub enum LockKind {
     /// A handle admitted for a client that had stopped waiting was left live: nobody holds it,
     /// and its key stays taken until its deadline.
     Unclaimed,
+    /// The core left a lock pending without telling the call's sink (`Sink::lock_pending`), so
+    /// the runtime would have had nowhere to send its outcome.
+    Unregistered,
 }
 
 /// One broken invariant, at a simulated real instant.

@@ -20,7 +20,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use keyhome::core::callers::{self, LockCallers, LockResult, Reply, Withdrawn};
-use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage};
+use keyhome::core::{ClientOwner, Core, Notice, Output, Owner, PeerMessage, Sink};
 use keyhome_delegation::{
     Body as DBody, FencingToken, Handle, HandleId, HolderConfig, HomeConfig, KeyHasher, LockError,
     LockOutcome, Message as DMessage, Refusal, Ticket,
@@ -164,8 +164,8 @@ struct Slot {
     durable: Durable,
     /// The node's core, while the node runs.
     core: Option<Core>,
-    /// What the core produced and the world has not carried out yet, in order.
-    out: VecDeque<Output>,
+    /// The sink of every call into the core, as the runtime's `Carrier`.
+    glue: Glue,
     /// Home start instant (home clock), for the ghost quarantine.
     home_started: Instant,
     run: u64,
@@ -182,14 +182,44 @@ struct Slot {
     learned: Vec<(u64, Instant)>,
     /// Whether the node held its home lease after its last event.
     lease_ok: bool,
-    /// The callers of the core's pending locks (the runtime's glue).
-    callers: LockCallers<SimReply>,
-    /// Handles admitted for clients that had stopped waiting, to give back once the outputs that
-    /// admitted them are carried out (as the runtime does once the call is over).
-    unclaimed: Vec<Handle>,
     /// Per scenario key: whether the home had adopted it by handover after the node's last
     /// event (what it decided on before an epoch change it learns now).
     adopted: Vec<bool>,
+}
+
+/// A node's sink for calls into its core, doing what the runtime's `Carrier` does at the same
+/// points of a call: it registers a lock call's reply when the core leaves the lock pending
+/// ([`Sink::lock_pending`], under the shard's lock) and hands a decided lock to its caller as the
+/// core emits the decision ([`LockCallers::decided`]); every output is also queued for the world
+/// to carry out afterwards, in order.
+#[derive(Default)]
+struct Glue {
+    /// What the core produced and the world has not carried out yet, in order.
+    out: VecDeque<Output>,
+    /// The callers of the core's pending locks.
+    callers: LockCallers<SimReply>,
+    /// The reply of the lock call under way, until the core leaves it pending.
+    reply: Option<SimReply>,
+    /// Handles admitted for clients that had stopped waiting, to give back once the outputs that
+    /// admitted them are carried out (as the runtime does once the call is over).
+    unclaimed: Vec<Handle>,
+}
+
+impl Sink for Glue {
+    fn output(&mut self, output: Output) {
+        if let Output::LockDone { ticket, result } = &output
+            && let Some(handle) = self.callers.decided(*ticket, result.clone())
+        {
+            self.unclaimed.push(handle);
+        }
+        self.out.push_back(output);
+    }
+
+    fn lock_pending(&mut self, ticket: Ticket) {
+        if let Some(reply) = self.reply.take() {
+            self.callers.wait(ticket, reply);
+        }
+    }
 }
 
 /// A whole simulated cluster with delegations under one lock scenario.
@@ -246,7 +276,7 @@ impl LockWorld {
                 ),
                 durable: Durable::genesis(genesis.clone()),
                 core: None,
-                out: VecDeque::new(),
+                glue: Glue::default(),
                 home_started: Instant::ZERO,
                 run: 0,
                 disk: Disk::default(),
@@ -256,8 +286,6 @@ impl LockWorld {
                 clients: vec![Client { state: CState::Idle, generation: 0, probe: false }; clients],
                 learned: Vec::new(),
                 lease_ok: false,
-                callers: LockCallers::default(),
-                unclaimed: Vec::new(),
                 adopted: vec![false; scenario.base.keys.len()],
             })
             .collect();
@@ -403,7 +431,7 @@ impl LockWorld {
                 let from_id = self.slots[from].id;
                 let slot = &mut self.slots[to];
                 let Some(core) = slot.core.as_ref() else { return };
-                core.handle_message(now, from_id, message, &mut slot.out);
+                core.handle_message(now, from_id, message, &mut slot.glue);
                 self.pump(to, false);
             }
             Ev::Timer { node, generation } => {
@@ -414,7 +442,7 @@ impl LockWorld {
                 let slot = &mut self.slots[node];
                 let Some(core) = slot.core.as_ref() else { return };
                 let core_due = core.epoch().poll_timeout().is_some_and(|t| t <= now);
-                core.handle_timeout(now, &mut slot.out);
+                core.handle_timeout(now, &mut slot.glue);
                 self.slots[node].walk_next = self.now + self.scenario.walk.lag;
                 self.pump(node, core_due);
             }
@@ -479,7 +507,7 @@ impl LockWorld {
             current.activation_wait.max(rate_margin(timing.max_delegation_lease, timing.clock_rate_ppm));
         slot.learned = vec![(current.number, now + wait)];
         slot.lease_ok = false;
-        let core = Core::new(epoch, home_config, holder_config, scenario.shards, now, &mut slot.out);
+        let core = Core::new(epoch, home_config, holder_config, scenario.shards, now, &mut slot.glue);
         core.observe_local(true);
         slot.core = Some(core);
         slot.home_started = now;
@@ -493,9 +521,7 @@ impl LockWorld {
         if slot.core.take().is_none() {
             return;
         }
-        slot.out.clear();
-        slot.callers = LockCallers::default();
-        slot.unclaimed.clear();
+        slot.glue = Glue::default();
         slot.disk.lose();
         slot.timer_generation += 1;
         slot.paused_until = 0;
@@ -565,7 +591,7 @@ impl LockWorld {
     /// the core is over.
     fn carry_out(&mut self, i: usize) {
         loop {
-            while let Some(output) = self.slots[i].out.pop_front() {
+            while let Some(output) = self.slots[i].glue.out.pop_front() {
                 match output {
                     Output::Transmit { to, message: PeerMessage::Epoch(message) } => {
                         self.send_epoch(i, to, message)
@@ -589,8 +615,8 @@ impl LockWorld {
             }
             let now = self.local(i);
             let slot = &mut self.slots[i];
-            let (Some(core), Some(handle)) = (slot.core.as_ref(), slot.unclaimed.pop()) else { return };
-            callers::give_back(core, now, handle, &mut slot.out);
+            let (Some(core), Some(handle)) = (slot.core.as_ref(), slot.glue.unclaimed.pop()) else { return };
+            callers::give_back(core, now, handle, &mut slot.glue);
         }
     }
 
@@ -830,7 +856,7 @@ impl LockWorld {
         let now = slot.clock.local(self.now);
         let Some(synced) = slot.disk.sync(&mut slot.durable) else { return };
         if let Some(core) = slot.core.as_ref() {
-            core.persisted(now, synced.number, &mut slot.out);
+            core.persisted(now, synced.number, &mut slot.glue);
         }
         if self.slots[i].disk.busy() {
             self.schedule_sync(i);
@@ -898,7 +924,7 @@ impl LockWorld {
                 }
                 let slot = &mut self.slots[node];
                 if let Some(core) = slot.core.as_ref() {
-                    let _ = core.propose(now, change, &mut slot.out);
+                    let _ = core.propose(now, change, &mut slot.glue);
                     self.pump(node, false);
                 }
             }
@@ -926,7 +952,7 @@ impl LockWorld {
                 let now = self.local(node);
                 let slot = &mut self.slots[node];
                 if let Some(core) = slot.core.as_ref() {
-                    let _ = core.propose(now, change, &mut slot.out);
+                    let _ = core.propose(now, change, &mut slot.glue);
                     self.pump(node, false);
                 }
             }
@@ -1022,7 +1048,7 @@ impl LockWorld {
                     // node (which then reports the handle expired, if it had not yet).
                     let slot = &mut self.slots[node];
                     let core = slot.core.as_ref().expect("up");
-                    if core.unlock(now, handle.id, None, &mut slot.out).is_ok() {
+                    if core.unlock(now, handle.id, None, &mut slot.glue).is_ok() {
                         // The holder had extended the handle silently; it ends now, noteless.
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(None));
@@ -1059,7 +1085,7 @@ impl LockWorld {
                         handle.token
                     );
                 }
-                match core.unlock(now, handle.id, note, &mut slot.out) {
+                match core.unlock(now, handle.id, note, &mut slot.glue) {
                     Ok(()) => {
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(Some(last_write)));
@@ -1081,24 +1107,34 @@ impl LockWorld {
         let slot = &mut self.slots[node];
         let Some(core) = slot.core.as_ref() else { return };
         let owner = Owner::Client(ClientOwner { conn: client as u64, identity: 0 });
+        let reply = SimReply::default();
+        slot.glue.reply = Some(reply.clone());
         // Calls that will not wait take the fast path an embedded caller takes (`Core::try_lock`,
         // the key hashed once) for even clients, `Core::lock` for odd ones: the simulation drives
         // both entries the node ships.
         let outcome = if wait.is_zero() && client.is_multiple_of(2) {
-            core.try_lock(now, &name, ttl, owner, &mut slot.out).map(LockOutcome::Locked)
+            core.try_lock(now, &name, ttl, owner, &mut slot.glue).map(LockOutcome::Locked)
         } else {
-            core.lock(now, &name, ttl, wait, owner, &mut slot.out)
+            core.lock(now, &name, ttl, wait, owner, &mut slot.glue)
         };
+        let unregistered = slot.glue.reply.take().is_some();
         match outcome {
             Ok(LockOutcome::Locked(handle)) => {
                 self.checker.stats.immediate += 1;
                 self.holding(node, client, key, handle);
             }
             Ok(LockOutcome::Pending(ticket)) => {
-                // Registered before any output is carried out, as the runtime registers it
-                // under the shard's lock (`Sink::lock_pending`).
-                let reply = SimReply::default();
-                self.slots[node].callers.wait(ticket, reply.clone());
+                // The glue registered the reply (`Sink::lock_pending`), as the runtime does,
+                // under the shard's lock, before anything could decide the lock.
+                if unregistered {
+                    self.checker.violation(
+                        self.now,
+                        LockKind::Unregistered,
+                        format!(
+                            "node {node} left lock {ticket:?} of k{key} pending without telling its sink"
+                        ),
+                    );
+                }
                 self.slots[node].clients[client].state = CState::Waiting { ticket, key, reply };
                 // Some clients give up before their wait is over, as a caller that drops its
                 // lock future, sends `Cancel` or closes its connection does.
@@ -1132,7 +1168,7 @@ impl LockWorld {
         }
         let admitted = reply.close();
         if self.rng.chance(0.5) {
-            self.slots[node].callers.forget(ticket);
+            self.slots[node].glue.callers.forget(ticket);
         }
         self.slots[node].clients[client].state = CState::Leaving { ticket, key, admitted, decided: false };
         let at = self.now + self.rng.range(0, LEAVE_WINDOW);
@@ -1154,10 +1190,10 @@ impl LockWorld {
         let now = self.local(node);
         let slot = &mut self.slots[node];
         let Some(core) = slot.core.as_ref() else { return };
-        slot.callers.forget(ticket);
+        slot.glue.callers.forget(ticket);
         let from_reply = admitted.as_ref().and_then(|r| r.as_ref().ok()).map(|h| h.id);
         let was_undecided = admitted.is_none() && !decided;
-        let withdrawn = callers::withdraw(core, now, ticket, admitted, &mut slot.out);
+        let withdrawn = callers::withdraw(core, now, ticket, admitted, &mut slot.glue);
         if self.scenario.base.trace {
             println!(
                 "{:>12.6} node {node} client {client}: withdraws {ticket:?} (k{key}): {withdrawn:?}",
@@ -1227,8 +1263,8 @@ impl LockWorld {
         }
     }
 
-    /// A pending lock of node `node` was decided: its outcome goes to its caller through the
-    /// runtime's glue ([`LockCallers::decided`]).
+    /// A pending lock of node `node` was decided; its outcome went to its caller as the core
+    /// emitted it ([`Glue`]). Checks it was not withdrawn, and follows the client.
     fn lock_done(&mut self, node: usize, ticket: Ticket, result: LockResult) {
         if self.scenario.base.trace {
             println!("{:>12.6} node {node}: lock {ticket:?} {result:?}", self.now as f64 / 1e9);
@@ -1242,9 +1278,6 @@ impl LockWorld {
             return; // the run stops at this violation
         }
         let admitted = result.as_ref().ok().map(|h| h.id);
-        if let Some(handle) = self.slots[node].callers.decided(ticket, result) {
-            self.slots[node].unclaimed.push(handle);
-        }
         let Some(c) = self.find_client(node, |s| match s {
             CState::Waiting { ticket: t, .. } | CState::Leaving { ticket: t, .. } => *t == ticket,
             _ => false,
@@ -1399,7 +1432,7 @@ impl LockWorld {
             let note = self.next_write;
             let slot = &mut self.slots[node];
             let core = slot.core.as_ref().expect("up");
-            core.unlock(now, handle.id, Some(note.to_le_bytes().to_vec()), &mut slot.out)
+            core.unlock(now, handle.id, Some(note.to_le_bytes().to_vec()), &mut slot.glue)
                 .expect("a live handle");
             self.checker.ended(self.now, admission, End::Unlock(Some(note)));
             self.handles.remove(&(node, handle.id));
@@ -1413,7 +1446,7 @@ impl LockWorld {
         let now = self.local(node);
         let slot = &mut self.slots[node];
         let core = slot.core.as_ref().expect("up");
-        let result = core.propose(now, change, &mut slot.out);
+        let result = core.propose(now, change, &mut slot.glue);
         self.pump(node, false);
         result
     }
