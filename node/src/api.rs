@@ -394,7 +394,11 @@ fn unlock_handle(
 }
 
 /// Ends handle `handle` of `owner`'s identity, which no caller saw: see [`Request::GiveBack`].
-fn give_back_handle(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) -> Result<(), ApiError> {
+pub(crate) fn give_back_handle(
+    shared: &Arc<Shared>,
+    owner: ClientOwner,
+    handle: u64,
+) -> Result<(), ApiError> {
     shared.with_core(|core, now, out| {
         let h = core.claim(handle, owner).map_err(claim_error)?;
         core.give_back(now, h, out).map_err(lock_error)

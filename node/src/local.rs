@@ -193,7 +193,8 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
     let (read, write) = stream.into_split();
     // Each request in flight sends one answer; events wait for room (their queue is bounded).
     let (out, out_rx) = mpsc::channel::<LocalFrame>(max_in_flight + 1);
-    let writer = tokio::spawn(write_frames(FramedWrite::new(write, codec()), out_rx));
+    let writer =
+        tokio::spawn(write_frames(Arc::clone(&shared), owner, FramedWrite::new(write, codec()), out_rx));
     let hello = LocalHello { node: shared.id, identity: role.dns_name(), protocols: wire::LOCAL_PROTOCOLS };
     let mut conn = Connection {
         shared: Arc::clone(&shared),
@@ -217,18 +218,21 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
 }
 
 /// Writes frames as they come, flushing whenever no further one is ready (so answers that are
-/// ready together leave in one write).
+/// ready together leave in one write). Once a write fails, the lock answers still queued are
+/// given back: none of their bytes reached the socket.
 async fn write_frames(
+    shared: Arc<Shared>,
+    owner: ClientOwner,
     mut sink: FramedWrite<tokio::net::unix::OwnedWriteHalf, LengthDelimitedCodec>,
     mut frames: mpsc::Receiver<LocalFrame>,
 ) {
-    while let Some(frame) = frames.recv().await {
+    'frames: while let Some(frame) = frames.recv().await {
         let mut next = Some(frame);
         while let Some(frame) = next {
             match frame_bytes(&frame) {
                 Ok(bytes) => {
                     if sink.feed(bytes).await.is_err() {
-                        return;
+                        break 'frames;
                     }
                 }
                 Err(e) => tracing::warn!("cannot encode a local answer: {e}"),
@@ -236,7 +240,16 @@ async fn write_frames(
             next = frames.try_recv().ok();
         }
         if SinkExt::<bytes::Bytes>::flush(&mut sink).await.is_err() {
-            return;
+            break;
+        }
+    }
+    frames.close();
+    while let Ok(frame) = frames.try_recv() {
+        if let LocalFrame::Answer { response, .. } = frame
+            && let Some(handle) = response.locked_handle()
+        {
+            tracing::debug!(conn = owner.conn, handle, "a lock answer was never written: given back");
+            let _ = crate::api::give_back_handle(&shared, owner, handle);
         }
     }
 }
