@@ -394,15 +394,18 @@ fn unlock_handle(
 }
 
 /// Ends handle `handle` of `owner`'s identity, which no caller saw: see [`Request::GiveBack`].
-pub(crate) fn give_back_handle(
-    shared: &Arc<Shared>,
-    owner: ClientOwner,
-    handle: u64,
-) -> Result<(), ApiError> {
+fn give_back_handle(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) -> Result<(), ApiError> {
     shared.with_core(|core, now, out| {
         let h = core.claim(handle, owner).map_err(claim_error)?;
         core.give_back(now, h, out).map_err(lock_error)
     })
+}
+
+/// Gives back handle `handle` of `owner`, named by a lock answer none of whose bytes reached the
+/// client (see [`Undelivered`]).
+pub(crate) fn give_back_unsent(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) {
+    tracing::debug!(conn = owner.conn, handle, "a lock answer reached nobody: given back");
+    let _ = give_back_handle(shared, owner, handle);
 }
 
 /// A call's answer on its way to the client. If it is a lock's and is dropped before
@@ -432,8 +435,7 @@ impl<'a> Undelivered<'a> {
 impl Drop for Undelivered<'_> {
     fn drop(&mut self) {
         if let Some(handle) = self.handle {
-            tracing::debug!(conn = self.owner.conn, handle, "a lock answer reached nobody: given back");
-            let _ = give_back_handle(self.shared, self.owner, handle);
+            give_back_unsent(self.shared, self.owner, handle);
         }
     }
 }

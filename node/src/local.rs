@@ -218,20 +218,31 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
 }
 
 /// Writes frames as they come, flushing whenever no further one is ready (so answers that are
-/// ready together leave in one write). Once a write fails, the lock answers still queued are
-/// given back: none of their bytes reached the socket.
+/// ready together leave in one write). Once a write fails, the lock answers none of whose bytes
+/// reached the socket are given back: the one being added to the write buffer and those still
+/// queued. Answers already in the buffer may have been written in part or whole, so they keep
+/// their keys.
 async fn write_frames(
     shared: Arc<Shared>,
     owner: ClientOwner,
     mut sink: FramedWrite<tokio::net::unix::OwnedWriteHalf, LengthDelimitedCodec>,
     mut frames: mpsc::Receiver<LocalFrame>,
 ) {
+    let unsent = |frame: &LocalFrame| {
+        if let LocalFrame::Answer { response, .. } = frame
+            && let Some(handle) = response.locked_handle()
+        {
+            crate::api::give_back_unsent(&shared, owner, handle);
+        }
+    };
     'frames: while let Some(frame) = frames.recv().await {
         let mut next = Some(frame);
         while let Some(frame) = next {
             match frame_bytes(&frame) {
                 Ok(bytes) => {
+                    // A failed `feed` buffered nothing of this frame (the earlier ones' write failed).
                     if sink.feed(bytes).await.is_err() {
+                        unsent(&frame);
                         break 'frames;
                     }
                 }
@@ -243,14 +254,10 @@ async fn write_frames(
             break;
         }
     }
+    // After `close`, `recv` still yields every frame a sender queued, then ends.
     frames.close();
-    while let Ok(frame) = frames.try_recv() {
-        if let LocalFrame::Answer { response, .. } = frame
-            && let Some(handle) = response.locked_handle()
-        {
-            tracing::debug!(conn = owner.conn, handle, "a lock answer was never written: given back");
-            let _ = crate::api::give_back_handle(&shared, owner, handle);
-        }
+    while let Some(frame) = frames.recv().await {
+        unsent(&frame);
     }
 }
 

@@ -180,11 +180,13 @@ impl Drop for Cancel<'_> {
 
 /// Gives back the handle of a lock answer no caller took (see [`Cancel`]); any other answer is
 /// dropped. The key's next holder gets the handoff this handle got ([`Request::GiveBack`]).
+/// Outside a tokio runtime (a caller dropped on another thread's executor) nothing can be sent,
+/// and the handle keeps its key until its deadline.
 fn give_back_unclaimed(sink: &Sink, response: Response) {
-    let Response::Locked(locked) = response else { return };
+    let Some(handle) = response.locked_handle() else { return };
     let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
     let sink = Arc::clone(sink);
-    let request = LocalRequest::Cast { request: Request::GiveBack { handle: locked.handle } };
+    let request = LocalRequest::Cast { request: Request::GiveBack { handle } };
     rt.spawn(async move {
         let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &request)).await;
     });

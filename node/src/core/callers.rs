@@ -18,8 +18,10 @@
 //!
 //! Past the core, a lock answer is a message: `api::Undelivered` gives back one the transport
 //! never took, and the Rust client gives back one that reached it after its caller left
-//! (`Request::GiveBack`). An answer lost on its way (a QUIC client that reset its stream as the
-//! node wrote it) keeps its key until the handle's deadline, as any handle whose client left.
+//! (`Request::GiveBack`). An answer lost on its way keeps its key until the handle's deadline, as
+//! any handle whose client left: one a QUIC or HTTP client's stream or connection dropped as the
+//! node wrote it, or one a local connection lost in a failed write or in the moment its client
+//! closed it (docs/api.md, "Sessions").
 
 use std::collections::HashMap;
 

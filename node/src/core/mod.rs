@@ -50,7 +50,7 @@
 //! (certificate) behind that connection. Only a connection with the same identity may take a
 //! handle over ([`Core::claim`]), and a handle whose connection went away is never ended early:
 //! it keeps its key until its deadline, since the client may still be working inside the
-//! deadline it was told. The one exception is a handle no client can have seen: admitted for a
+//! deadline it was told. The one exception is a handle no caller can have seen: admitted for a
 //! caller that had stopped waiting, or in an answer the transport never took; it is given back
 //! ([`callers`], `api::Undelivered`). Embedded handles have no owner entry (their guard holds
 //! the handle).

@@ -40,8 +40,9 @@ pub enum LockKind {
     /// and its key stays taken until its deadline.
     Unclaimed,
     /// The core left a lock pending without telling the call's sink (`Sink::lock_pending`), so
-    /// the runtime would have had nowhere to send its outcome.
-    Unregistered,
+    /// the runtime would have had nowhere to send its outcome, or told it of a lock it did not
+    /// leave pending, leaving a reply nothing will answer.
+    Registration,
 }
 
 /// One broken invariant, at a simulated real instant.

@@ -1117,24 +1117,22 @@ impl LockWorld {
         } else {
             core.lock(now, &name, ttl, wait, owner, &mut slot.glue)
         };
-        let unregistered = slot.glue.reply.take().is_some();
+        // The glue registers the reply when the core says the lock is pending (`Sink::lock_pending`),
+        // as the runtime does, under the shard's lock, before anything could decide the lock.
+        let registered = slot.glue.reply.take().is_none();
+        if registered != matches!(outcome, Ok(LockOutcome::Pending(_))) {
+            self.checker.violation(
+                self.now,
+                LockKind::Registration,
+                format!("node {node}'s lock call of k{key} answered {outcome:?}, its reply registered: {registered}"),
+            );
+        }
         match outcome {
             Ok(LockOutcome::Locked(handle)) => {
                 self.checker.stats.immediate += 1;
                 self.holding(node, client, key, handle);
             }
             Ok(LockOutcome::Pending(ticket)) => {
-                // The glue registered the reply (`Sink::lock_pending`), as the runtime does,
-                // under the shard's lock, before anything could decide the lock.
-                if unregistered {
-                    self.checker.violation(
-                        self.now,
-                        LockKind::Unregistered,
-                        format!(
-                            "node {node} left lock {ticket:?} of k{key} pending without telling its sink"
-                        ),
-                    );
-                }
                 self.slots[node].clients[client].state = CState::Waiting { ticket, key, reply };
                 // Some clients give up before their wait is over, as a caller that drops its
                 // lock future, sends `Cancel` or closes its connection does.
