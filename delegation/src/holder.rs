@@ -394,8 +394,10 @@ struct Delegation {
     /// No admission yet under this delegation: the next one carries the grant's note and flag.
     fresh: bool,
     recovered: bool,
-    /// The last local handle passed its deadline rather than being unlocked:
-    /// it may have written without leaving a note, so the release is flagged `recovered`.
+    /// What the next local admission and the release are told (`recovered`) once a handle
+    /// admitted under this delegation has ended: the flag the handle itself was told, set at its
+    /// admission; cleared by its unlock, set when it passes its deadline (it may have written
+    /// without leaving a note), and left as it was when it is given back unused.
     unclean: bool,
     last_activity: Instant,
     /// Local activity since the last renewal was sent.
@@ -410,8 +412,6 @@ struct Local {
     until: Instant,
     /// The handle's token, for token checks.
     token: FencingToken,
-    /// The handle was told `recovered`: what a give-back hands on ([`Holder::give_back`]).
-    recovered: bool,
 }
 
 /// How a live handle ends ([`Holder::end`]).
@@ -684,19 +684,20 @@ impl Holder {
     fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
         let slot = self.live(now, handle)?;
         let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
-        // `live` found it: the entry's local handle.
-        let recovered = e.local.take().is_some_and(|l| l.recovered);
-        // The next local holder is told `recovered` when this one's end may be incomplete: never
-        // after an unlock; after a give-back, when this handle was told so itself.
-        let unclean = match ending {
+        e.local = None;
+        // An unlock is a clean handoff with its own note; a give-back leaves the key's note and
+        // `unclean` as this handle found them.
+        let unlocked = match ending {
             Ending::Unlocked(note) => {
                 e.note = note;
-                false
+                true
             }
-            Ending::GivenBack => recovered,
+            Ending::GivenBack => false,
         };
         if let Some(d) = e.deleg.as_mut() {
-            d.unclean = unclean;
+            if unlocked {
+                d.unclean = false;
+            }
             d.last_activity = now;
             d.active = true;
         }
@@ -1552,17 +1553,16 @@ impl Entry {
         d.next_seq += 1;
         let until = now + ttl;
         let deadline = until.min(d.deadline);
-        let (note, recovered) = if d.fresh {
+        // The first admission under a delegation is told the grant's flag; a local successor,
+        // whether the previous local handle was taken away instead of unlocked.
+        if d.fresh {
             d.fresh = false;
-            (self.note.clone(), d.recovered)
-        } else {
-            // A local successor under the same delegation: the note the previous local holder
-            // left, and whether that holder's handle was taken away instead of unlocked.
-            (self.note.clone(), d.unclean)
-        };
+            d.unclean = d.recovered;
+        }
+        let (note, recovered) = (self.note.clone(), d.unclean);
         d.last_activity = now;
         d.active = true;
-        self.local = Some(Local { serial, deadline, until, token, recovered });
+        self.local = Some(Local { serial, deadline, until, token });
         Handle { id: HandleId { serial, slot }, token, deadline, note, recovered }
     }
 

@@ -198,13 +198,14 @@ async fn a_client_refuses_a_node_of_another_local_protocol() {
     assert!(heard.is_empty(), "the client sent a frame to a node it cannot speak to");
 }
 
-/// The next frame from the node; `None` at the end of the stream.
-fn read_frame(stream: &mut std::os::unix::net::UnixStream) -> Option<LocalFrame> {
+/// The next frame from the peer (a node's `LocalFrame`, or a client's `LocalRequest` for a fake
+/// node); `None` at the end of the stream.
+fn read_frame<T: serde::de::DeserializeOwned>(stream: &mut std::os::unix::net::UnixStream) -> Option<T> {
     let mut prefix = [0u8; 4];
     stream.read_exact(&mut prefix).ok()?;
     let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
     stream.read_exact(&mut body).expect("a whole frame");
-    Some(keyhome::wire::decode(&body).expect("a frame the node sent decodes"))
+    Some(keyhome::wire::decode(&body).expect("a frame the peer sent decodes"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -235,7 +236,7 @@ async fn bad_frames_end_the_connection_and_the_node_keeps_serving() {
             }
             other => panic!("{what} frame answered {other:?}"),
         }
-        assert!(read_frame(&mut stream).is_none(), "{what}: the node closes the connection");
+        assert!(read_frame::<LocalFrame>(&mut stream).is_none(), "{what}: the node closes the connection");
     }
     // A frame cut short, then the end of the stream: the node just closes.
     let mut stream = raw_connection(&socket);
@@ -324,8 +325,8 @@ async fn a_pipelined_unlock_is_seen_by_the_next_request_and_relock_is_one_call()
 }
 
 /// Writes `request` as one frame on a raw connection.
-fn send_frame(stream: &mut std::os::unix::net::UnixStream, request: &LocalRequest) {
-    let frame = keyhome::wire::encode(request, MAX_CLIENT_FRAME).expect("encode");
+fn send_frame<T: serde::Serialize>(stream: &mut std::os::unix::net::UnixStream, value: &T) {
+    let frame = keyhome::wire::encode(value, MAX_CLIENT_FRAME).expect("encode");
     stream.write_all(&frame).expect("send");
 }
 
@@ -379,7 +380,7 @@ async fn a_cast_gets_no_answer_and_locks_and_subscriptions_cannot_be_casts() {
             Some(LocalFrame::Refused(e)) => assert!(e.message.contains("cannot be a Cast"), "{name}: {e:?}"),
             other => panic!("a cast {name} answered {other:?}"),
         }
-        assert!(read_frame(&mut stream).is_none(), "the node closes the connection");
+        assert!(read_frame::<LocalFrame>(&mut stream).is_none(), "the node closes the connection");
         stream = raw_connection(&cluster.local_socket(1));
     }
 }
@@ -577,20 +578,8 @@ async fn a_handle_given_back_frees_its_key_with_the_handoff_it_got() {
 /// caller, still waiting but no longer polled, drops its future.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::sync::oneshot;
 
-    async fn read_request(stream: &mut tokio::net::UnixStream) -> LocalRequest {
-        let mut prefix = [0u8; 4];
-        stream.read_exact(&mut prefix).await.expect("a frame from the client");
-        let mut body = vec![0u8; u32::from_be_bytes(prefix) as usize];
-        stream.read_exact(&mut body).await.expect("a whole frame");
-        keyhome::wire::decode(&body).expect("a frame the client sent decodes")
-    }
-    async fn send(stream: &mut tokio::net::UnixStream, frame: &LocalFrame) {
-        let bytes = keyhome::wire::encode(frame, MAX_CLIENT_FRAME).expect("encode");
-        stream.write_all(&bytes).await.expect("send to the client");
-    }
     fn locked(handle: u64) -> Response {
         Response::Locked(keyhome::wire::Locked {
             handle,
@@ -605,6 +594,9 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
             recovered: false,
         })
     }
+    fn request(stream: &mut std::os::unix::net::UnixStream) -> LocalRequest {
+        read_frame(stream).expect("a frame from the client")
+    }
     fn lock_id(request: LocalRequest) -> u64 {
         match request {
             LocalRequest::Call { id, request: Request::Lock { .. } } => id,
@@ -614,41 +606,41 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
 
     let dir = tempfile::tempdir().expect("tempdir");
     let socket = dir.path().join("node.sock");
-    let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
     let (seen_tx, seen_rx) = oneshot::channel::<()>();
     let (seen2_tx, seen2_rx) = oneshot::channel::<()>();
     let (go_tx, go_rx) = oneshot::channel::<()>();
     let (first_tx, first_rx) = oneshot::channel::<LocalRequest>();
-    let node = tokio::spawn(async move {
-        let (mut stream, _) = listener.accept().await.expect("accept");
+    let node = tokio::task::spawn_blocking(move || {
+        let (mut stream, _) = listener.accept().expect("accept");
+        stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
         let hello = keyhome::wire::LocalHello {
             node: NodeId(1),
             identity: "client-app.keyhome".into(),
             protocols: keyhome::wire::LOCAL_PROTOCOLS,
         };
-        send(&mut stream, &LocalFrame::Hello(hello)).await;
+        send_frame(&mut stream, &LocalFrame::Hello(hello));
         // 1. Answered after the client's Cancel: the answer's id is no longer pending.
-        let id = lock_id(read_request(&mut stream).await);
+        let id = lock_id(request(&mut stream));
         let _ = seen_tx.send(());
-        match read_request(&mut stream).await {
+        match request(&mut stream) {
             LocalRequest::Cancel { id: cancelled } => assert_eq!(cancelled, id),
             other => panic!("expected the cancel of call {id}, got {other:?}"),
         }
-        send(&mut stream, &LocalFrame::Answer { id, response: locked(41) }).await;
-        let _ = first_tx.send(read_request(&mut stream).await);
+        send_frame(&mut stream, &LocalFrame::Answer { id, response: locked(41) });
+        let _ = first_tx.send(request(&mut stream));
         // 2. Answered while its caller still waits; the unlock call after it shows the client's
         // reader has handed the answer over before the caller goes.
-        let id = lock_id(read_request(&mut stream).await);
+        let id = lock_id(request(&mut stream));
         let _ = seen2_tx.send(());
-        go_rx.await.expect("the test goes on");
-        send(&mut stream, &LocalFrame::Answer { id, response: locked(42) }).await;
-        let unlock = match read_request(&mut stream).await {
+        go_rx.blocking_recv().expect("the test goes on");
+        send_frame(&mut stream, &LocalFrame::Answer { id, response: locked(42) });
+        let unlock = match request(&mut stream) {
             LocalRequest::Call { id, request: Request::Unlock { .. } } => id,
             other => panic!("expected an unlock call, got {other:?}"),
         };
-        send(&mut stream, &LocalFrame::Answer { id: unlock, response: Response::Unlocked }).await;
-        let heard = vec![read_request(&mut stream).await, read_request(&mut stream).await];
-        (id, heard)
+        send_frame(&mut stream, &LocalFrame::Answer { id: unlock, response: Response::Unlocked });
+        (id, [request(&mut stream), request(&mut stream)])
     });
 
     let client = Client::connect_local(&socket).await.expect("connect to the fake node");

@@ -165,30 +165,30 @@ impl Drop for Cancel<'_> {
         // After `close`, the reader's send fails (it gives the answer back itself) unless the
         // answer is already here.
         answer.close();
-        let unclaimed = answer.try_recv().ok();
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (sink, id) = (Arc::clone(&self.conn.sink), self.id);
-            rt.spawn(async move {
-                let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &LocalRequest::Cancel { id })).await;
-            });
-            if let Some(response) = unclaimed {
-                give_back_unclaimed(&self.conn.sink, response);
-            }
-        }
+        let give_back = answer.try_recv().ok().and_then(give_back_unclaimed);
+        let cancel = LocalRequest::Cancel { id: self.id };
+        send_later(&self.conn.sink, std::iter::once(cancel).chain(give_back).collect());
     }
 }
 
-/// Gives back the handle of a lock answer no caller took (see [`Cancel`]); any other answer is
-/// dropped. The key's next holder gets the handoff this handle got ([`Request::GiveBack`]).
-/// Outside a tokio runtime (a caller dropped on another thread's executor) nothing can be sent,
-/// and the handle keeps its key until its deadline.
-fn give_back_unclaimed(sink: &Sink, response: Response) {
-    let Some(handle) = response.locked_handle() else { return };
+/// What gives back the handle of a lock answer no caller took (see [`Cancel`]): the key's next
+/// holder gets the handoff this handle got ([`Request::GiveBack`]). Nothing for other answers.
+fn give_back_unclaimed(response: Response) -> Option<LocalRequest> {
+    let handle = response.locked_handle()?;
+    Some(LocalRequest::Cast { request: Request::GiveBack { handle } })
+}
+
+/// Sends `requests` in order from a task of their own, each within [`CANCEL_WITHIN`] (a frozen
+/// node must not hold anyone up): for the paths that cannot wait, a drop and the reader. Outside a
+/// tokio runtime (a caller dropped on another thread's executor) nothing can be sent: the call is
+/// left to end with its wait, a handle to its deadline.
+fn send_later(sink: &Sink, requests: Vec<LocalRequest>) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
     let sink = Arc::clone(sink);
-    let request = LocalRequest::Cast { request: Request::GiveBack { handle } };
     rt.spawn(async move {
-        let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, &request)).await;
+        for request in &requests {
+            let _ = tokio::time::timeout(CANCEL_WITHIN, write(&sink, request)).await;
+        }
     });
 }
 
@@ -221,8 +221,8 @@ async fn read_frames(
                     Some(tx) => tx.send(response).err(),
                     None => Some(response),
                 };
-                if let Some(response) = unclaimed {
-                    give_back_unclaimed(&sink, response);
+                if let Some(give_back) = unclaimed.and_then(give_back_unclaimed) {
+                    send_later(&sink, vec![give_back]);
                 }
             }
             Ok(LocalFrame::Event(event)) => {
