@@ -202,7 +202,7 @@ async fn serve_stream(
     let budgets = [&*budget.connection, &*budget.identity];
     let read = wire::read_frame_within::<Request>(&mut recv, MAX_CLIENT_FRAME, &budgets);
     let (incident, message) = match tokio::time::timeout(limit, read).await {
-        Ok(Ok(Some(request))) => return serve_request(shared, owner, role, request, send).await,
+        Ok(Ok(Some(request))) => return serve_request(shared, owner, role, request, send, recv).await,
         Ok(Ok(None)) | Ok(Err(wire::WireError::Read(_) | wire::WireError::Closed)) => return,
         Ok(Err(e)) => (Incident::RequestMalformed, format!("malformed request: {e}")),
         Err(_) => (
@@ -223,14 +223,22 @@ async fn serve_request(
     role: Role,
     request: Request,
     mut send: quinn::SendStream,
+    mut recv: quinn::RecvStream,
 ) {
     let conn = owner.conn;
     if let Request::Subscribe = request {
         return subscribe(shared, conn, send).await;
     }
+    // The client gave up: whatever was pending is withdrawn by the drop of `answer`'s future. A
+    // lock call says so by resetting its half of the stream (`wire::RESET_WITHDRAW`) and reads on
+    // for an answer sent before that, to give it back; a client that stops reading stops this
+    // half.
     let response = tokio::select! {
         r = answer(&shared, owner, &role, request) => r,
-        // The client gave up (reset the stream): whatever was pending was cancelled by the drop.
+        Ok(Some(_)) = recv.received_reset() => {
+            let _ = send.finish();
+            return;
+        }
         _ = send.stopped() => return,
     };
     let response = response.unwrap_or_else(Response::Error);

@@ -19,8 +19,9 @@
 //! Every call gives up after the client's timeout ([`DEFAULT_TIMEOUT`], or
 //! [`Client::with_timeout`]) with [`ClientError::TimedOut`], so a frozen node cannot hang its
 //! caller until QUIC's idle timeout. A lock call waits its `wait` plus that timeout; a
-//! membership change the node's [`PROPOSE_TIMEOUT`] plus that timeout. A call that timed out
-//! resets its stream, which withdraws a pending lock.
+//! membership change the node's [`PROPOSE_TIMEOUT`] plus that timeout. A lock call that timed
+//! out, or whose future was dropped, is withdrawn at the node, and a lock answer that comes
+//! after its caller left is given back, on either transport (`quic`, `local`).
 //!
 //! # Pipelining
 //!
@@ -36,6 +37,7 @@
 //! its answer, which comes later, so this deadline never lies after the node's.
 
 mod local;
+mod quic;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -254,14 +256,7 @@ impl Client {
         let name = request.name();
         let exchange = async {
             let response = match &self.transport {
-                Transport::Quic { conn, .. } => {
-                    let (mut send, mut recv) = conn.open_bi().await?;
-                    wire::write_frame(&mut send, &request, MAX_CLIENT_FRAME).await?;
-                    let _ = send.finish();
-                    wire::read_frame::<Response>(&mut recv, MAX_CLIENT_FRAME)
-                        .await?
-                        .ok_or(ClientError::NoAnswer)?
-                }
+                Transport::Quic { conn, .. } => quic::call(conn, request, self.timeout).await?,
                 Transport::Local(conn) => conn.call(request).await?,
             };
             match response {

@@ -196,6 +196,12 @@ impl From<CloseCode> for quinn::VarInt {
 /// Longest a node takes to answer a [`Request::Propose`]: it then says "no decision yet".
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// The stream error code of a client that stops waiting for a lock (a QUIC `RESET_STREAM` of
+/// its half of the call's stream, which it keeps open while it waits): the node withdraws the
+/// lock and finishes its half without an answer. The client reads on, to give back
+/// ([`Request::GiveBack`]) an answer the node sent before the reset reached it.
+pub const RESET_WITHDRAW: u32 = 1;
+
 /// A client request: one per bidirectional stream, answered by one [`Response`]; except
 /// [`Request::Subscribe`], answered by [`Response::Subscribed`] and then a stream of
 /// [`ClientEvent`]s (or by one [`Response::Error`]).
@@ -252,6 +258,12 @@ impl Request {
             Request::Relock { .. } => "relock",
             Request::GiveBack { .. } => "give back",
         }
+    }
+
+    /// Whether the answer may be [`Response::Locked`]: a handle, to be given back if the answer
+    /// reaches nobody.
+    pub fn may_lock(&self) -> bool {
+        matches!(self, Request::Lock { .. } | Request::Relock { .. })
     }
 }
 

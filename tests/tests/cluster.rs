@@ -168,8 +168,8 @@ async fn a_dropped_client_session_keeps_its_locks_until_their_deadline() {
     assert!(lock.token() > first, "tokens increase: {} then {}", first, lock.token());
 }
 
-/// A lock call whose future the application drops while it waits (the client resets its QUIC
-/// stream) is withdrawn at its node: the node lists it waiting, then not, and when the holder
+/// A lock call whose future the application drops while it waits (the client resets its half of
+/// the QUIC stream) is withdrawn at its node: the node lists it waiting, then not, and when the holder
 /// unlocks, the key goes to the next waiter at once, cleanly, not to the dropped call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
@@ -184,7 +184,9 @@ async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
     // unlock would find its handle gone.
     const OUTLIVES: Duration = Duration::from_secs(600);
     let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
-    let quitter = cluster.client(1).await;
+    // The dropped call's client reads on for a late answer as long as its timeout: only its reset
+    // of the request can withdraw the call within the waits below.
+    let quitter = cluster.client(1).await.with_timeout(OUTLIVES);
     let call = {
         // A clone shares the connection, which outlives the call: only its stream is reset.
         let (quitter, key) = (quitter.clone(), key.clone());
@@ -208,6 +210,103 @@ async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
     assert!(!next.recovered(), "the key was handed on cleanly, not left to run out");
     next.unlock(None).await.expect("unlock");
     quitter.status().await.expect("the connection of the dropped call still serves");
+}
+
+/// The Rust client gives back a lock its caller stopped waiting for, when the answer crosses the
+/// withdrawal over QUIC: a fake node answers one lock only after the client reset the call's
+/// stream, and another one (acknowledged by the client's connection) before the caller, still
+/// waiting but no longer polled, drops its future. Both come back as `GiveBack`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left() {
+    use tokio::sync::oneshot;
+
+    fn locked(handle: u64) -> Response {
+        Response::Locked(wire::Locked {
+            handle,
+            token: FencingToken { epoch: 1, incarnation: 1, counter: handle, local_seq: 0 },
+            valid_for: TTL,
+            note: None,
+            recovered: false,
+        })
+    }
+    async fn next_request(conn: &quinn::Connection) -> (quinn::SendStream, quinn::RecvStream, Request) {
+        let (send, mut recv) = conn.accept_bi().await.expect("a request stream");
+        let request =
+            wire::read_frame(&mut recv, MAX_CLIENT_FRAME).await.expect("a frame").expect("a request");
+        (send, recv, request)
+    }
+    async fn answer(send: &mut quinn::SendStream, response: &Response) {
+        wire::write_frame(send, response, MAX_CLIENT_FRAME).await.expect("answer");
+        send.finish().expect("finish");
+    }
+    /// Reads the client's give-back, answers it, and returns the handle it names.
+    async fn given_back(conn: &quinn::Connection) -> u64 {
+        let (mut send, _recv, request) = next_request(conn).await;
+        let Request::GiveBack { handle } = request else { panic!("expected a give-back, got {request:?}") };
+        answer(&mut send, &Response::Unlocked).await;
+        handle
+    }
+
+    let ca = pki::generate_ca("fake cluster").expect("ca");
+    let node = pki::issue(&ca, &Role::Node(NodeId(1))).expect("node cert").identity().expect("identity");
+    let app =
+        pki::issue(&ca, &Role::Client("app".into())).expect("client cert").identity().expect("identity");
+    let trusted = vec![ca.cert_der()];
+    let config = pki::server_config(&node, &trusted).expect("server config");
+    let endpoint = quinn::Endpoint::server(config, "127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let addr = endpoint.local_addr().expect("addr");
+    let (seen_tx, seen_rx) = oneshot::channel::<()>();
+    let (seen2_tx, seen2_rx) = oneshot::channel::<()>();
+    let (sent2_tx, sent2_rx) = oneshot::channel::<()>();
+    let (first_tx, first_rx) = oneshot::channel::<u64>();
+    let fake = tokio::spawn(async move {
+        let conn = endpoint.accept().await.expect("a connection").await.expect("handshake");
+        // 1. Answered after the client reset the call's stream.
+        let (mut send, mut recv, request) = next_request(&conn).await;
+        assert!(matches!(request, Request::Lock { .. }), "expected a lock, got {request:?}");
+        let _ = seen_tx.send(());
+        let reset = recv.received_reset().await.expect("the stream");
+        assert_eq!(reset, Some(wire::RESET_WITHDRAW.into()), "the call is withdrawn by a reset");
+        answer(&mut send, &locked(41)).await;
+        let _ = first_tx.send(given_back(&conn).await);
+        // 2. Answered while its caller still waits, and received by the client's connection before
+        // the caller goes: the answer's stream is acknowledged whole.
+        let (mut send, mut recv, request) = next_request(&conn).await;
+        assert!(matches!(request, Request::Lock { .. }), "expected a lock, got {request:?}");
+        let _ = seen2_tx.send(());
+        answer(&mut send, &locked(42)).await;
+        assert_eq!(send.stopped().await.expect("the stream"), None, "the client received the answer");
+        let _ = sent2_tx.send(());
+        let reset = recv.received_reset().await.expect("the stream");
+        assert_eq!(reset, Some(wire::RESET_WITHDRAW.into()), "the caller left before reading it");
+        (given_back(&conn).await, conn)
+    });
+
+    let client =
+        keyhome::client::Client::connect_with(NodeId(1), addr, &app, &trusted).await.expect("connect");
+    {
+        let lock = client.lock(b"k", TTL, PATIENCE);
+        tokio::pin!(lock);
+        tokio::select! {
+            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
+            seen = seen_rx => seen.expect("the fake node saw the call"),
+        }
+    } // dropped: the client resets the call's stream
+    let first =
+        tokio::time::timeout(PATIENCE, first_rx).await.expect("the client gave back").expect("the fake");
+    assert_eq!(first, 41, "a lock answered after its caller left");
+    {
+        let lock = client.lock(b"k", TTL, PATIENCE);
+        tokio::pin!(lock);
+        tokio::select! {
+            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
+            seen = seen2_rx => seen.expect("the fake node saw the call"),
+        }
+        sent2_rx.await.expect("the fake node answered");
+    } // dropped, its answer received but unread
+    let (second, _conn) =
+        tokio::time::timeout(PATIENCE, fake).await.expect("the client gave back").expect("the fake node");
+    assert_eq!(second, 42, "a lock answered before its caller left, unread");
 }
 
 // ---- 5 ----

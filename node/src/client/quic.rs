@@ -1,0 +1,110 @@
+//! The client's QUIC transport: one request per bidirectional stream, answered by one frame.
+//!
+//! A lock call ([`Request::may_lock`]) keeps its half of the stream open while it waits. A
+//! caller that stops waiting (its future dropped, or the client's timeout) resets that half with
+//! [`RESET_WITHDRAW`], which withdraws the lock at the node, and the answer is read on in the
+//! background: a `Locked` answer the node sent before the reset reached it names a handle nobody
+//! holds, and it is given back ([`Request::GiveBack`]), so that its key is free at once and its
+//! next holder gets the handoff this handle got. The answer is read so that giving up halfway
+//! loses none of its bytes ([`Answer`]).
+
+use std::time::Duration;
+
+use super::ClientError;
+use crate::wire::{self, MAX_CLIENT_FRAME, RESET_WITHDRAW, Request, Response};
+
+/// Length prefix of a frame, in bytes.
+const PREFIX: usize = 4;
+
+/// Sends `request` on a stream of its own and reads its answer. A lock call given up before its
+/// answer is read is withdrawn, and its answer, if it still comes within `give_back_within`, given
+/// back.
+pub(super) async fn call(
+    conn: &quinn::Connection,
+    request: Request,
+    give_back_within: Duration,
+) -> Result<Response, ClientError> {
+    let (mut send, recv) = conn.open_bi().await?;
+    wire::write_frame(&mut send, &request, MAX_CLIENT_FRAME).await?;
+    let mut answer = Answer { recv, buf: Vec::new() };
+    if !request.may_lock() {
+        let _ = send.finish();
+        return answer.read().await;
+    }
+    let mut call = LockCall { conn: conn.clone(), send, answer: Some(answer), give_back_within };
+    call.answer().await
+}
+
+/// A lock call's stream until its answer is read; dropped before that, it withdraws the call.
+struct LockCall {
+    conn: quinn::Connection,
+    /// The request half, left open: resetting it withdraws the call.
+    send: quinn::SendStream,
+    /// `None` once the answer is read (or failed): nothing left to give back.
+    answer: Option<Answer>,
+    give_back_within: Duration,
+}
+
+impl LockCall {
+    async fn answer(&mut self) -> Result<Response, ClientError> {
+        let Some(answer) = &mut self.answer else { return Err(ClientError::NoAnswer) };
+        let response = answer.read().await;
+        self.answer = None;
+        response
+    }
+}
+
+impl Drop for LockCall {
+    fn drop(&mut self) {
+        let Some(mut answer) = self.answer.take() else { return };
+        let _ = self.send.reset(RESET_WITHDRAW.into());
+        // Outside a tokio runtime nothing can be read on: an answer already sent keeps its key
+        // until its deadline, as when the connection is gone.
+        let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
+        let (conn, within) = (self.conn.clone(), self.give_back_within);
+        rt.spawn(async move {
+            let Ok(Ok(response)) = tokio::time::timeout(within, answer.read()).await else { return };
+            let Some(handle) = response.locked_handle() else { return };
+            let give_back = call(&conn, Request::GiveBack { handle }, within);
+            if let Ok(Err(e)) = tokio::time::timeout(within, give_back).await {
+                tracing::debug!(handle, "cannot give back a lock answered after its caller left: {e}");
+            }
+        });
+    }
+}
+
+/// The answer half of a call's stream, read into `buf` as it arrives: a read dropped halfway
+/// leaves what it had in `buf` for the next (quinn's `read_chunk` is cancel-safe).
+struct Answer {
+    recv: quinn::RecvStream,
+    /// The frame's bytes so far, prefix included: at most [`PREFIX`] + [`MAX_CLIENT_FRAME`].
+    buf: Vec<u8>,
+}
+
+impl Answer {
+    /// The stream's answer frame; a stream that ends without one is [`ClientError::NoAnswer`].
+    async fn read(&mut self) -> Result<Response, ClientError> {
+        loop {
+            let wanted = match self.buf.first_chunk::<PREFIX>() {
+                None => PREFIX,
+                Some(prefix) => {
+                    let len = u32::from_be_bytes(*prefix) as usize;
+                    if len > MAX_CLIENT_FRAME {
+                        return Err(wire::WireError::TooLarge { len, max: MAX_CLIENT_FRAME }.into());
+                    }
+                    if self.buf.len() == PREFIX + len {
+                        return Ok(wire::decode(&self.buf[PREFIX..])?);
+                    }
+                    PREFIX + len
+                }
+            };
+            let chunk = (self.recv.read_chunk(wanted - self.buf.len(), true).await)
+                .map_err(|e| wire::WireError::Read(quinn::ReadExactError::ReadError(e)))?;
+            match chunk {
+                Some(chunk) => self.buf.extend_from_slice(&chunk.bytes),
+                None if self.buf.is_empty() => return Err(ClientError::NoAnswer),
+                None => return Err(wire::WireError::Truncated.into()),
+            }
+        }
+    }
+}
