@@ -233,7 +233,9 @@ async fn serve_request(
     // lock call says so by resetting its half of the stream (`wire::RESET_WITHDRAW`) and reads on
     // for an answer sent before that, to give it back; a client that stops reading stops this
     // half.
+    // `answer` first: its first poll carries out what needs no waiting (a relock's unlock).
     let response = tokio::select! {
+        biased;
         r = answer(&shared, owner, &role, request) => r,
         Ok(Some(_)) = recv.received_reset() => {
             let _ = send.finish();

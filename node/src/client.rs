@@ -256,7 +256,11 @@ impl Client {
         let name = request.name();
         let exchange = async {
             let response = match &self.transport {
-                Transport::Quic { conn, .. } => quic::call(conn, request, self.timeout).await?,
+                // A lock answer that crosses the withdrawal of its call is read on for as long as
+                // a call may wait, however short this client's timeout.
+                Transport::Quic { conn, .. } => {
+                    quic::call(conn, request, self.timeout.max(DEFAULT_TIMEOUT)).await?
+                }
                 Transport::Local(conn) => conn.call(request).await?,
             };
             match response {

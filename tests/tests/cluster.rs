@@ -259,6 +259,7 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
     let (seen2_tx, seen2_rx) = oneshot::channel::<()>();
     let (sent2_tx, sent2_rx) = oneshot::channel::<()>();
     let (first_tx, first_rx) = oneshot::channel::<u64>();
+    let (go_tx, go_rx) = oneshot::channel::<()>();
     let fake = tokio::spawn(async move {
         let conn = endpoint.accept().await.expect("a connection").await.expect("handshake");
         // 1. Answered after the client reset the call's stream.
@@ -274,6 +275,7 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
         let (mut send, mut recv, request) = next_request(&conn).await;
         assert!(matches!(request, Request::Lock { .. }), "expected a lock, got {request:?}");
         let _ = seen2_tx.send(());
+        go_rx.await.expect("the test goes on");
         answer(&mut send, &locked(42)).await;
         assert_eq!(send.stopped().await.expect("the stream"), None, "the client received the answer");
         let _ = sent2_tx.send(());
@@ -302,6 +304,7 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
             r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
             seen = seen2_rx => seen.expect("the fake node saw the call"),
         }
+        let _ = go_tx.send(());
         sent2_rx.await.expect("the fake node answered");
     } // dropped, its answer received but unread
     let (second, _conn) =

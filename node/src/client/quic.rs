@@ -2,8 +2,8 @@
 //!
 //! A lock call ([`Request::may_lock`]) keeps its half of the stream open while it waits. A
 //! caller that stops waiting (its future dropped, or the client's timeout) resets that half with
-//! [`RESET_WITHDRAW`], which withdraws the lock at the node, and the answer is read on in the
-//! background: a `Locked` answer the node sent before the reset reached it names a handle nobody
+//! [`RESET_WITHDRAW`], which withdraws the lock at the node (any call given up resets it), and
+//! the answer is read on in the background: a `Locked` answer the node sent before the reset reached it names a handle nobody
 //! holds, and it is given back ([`Request::GiveBack`]), so that its key is free at once and its
 //! next holder gets the handoff this handle got. The answer is read so that giving up halfway
 //! loses none of its bytes ([`Answer`]).
@@ -16,36 +16,43 @@ use crate::wire::{self, MAX_CLIENT_FRAME, RESET_WITHDRAW, Request, Response};
 /// Length prefix of a frame, in bytes.
 const PREFIX: usize = 4;
 
-/// Sends `request` on a stream of its own and reads its answer. A lock call given up before its
-/// answer is read is withdrawn, and its answer, if it still comes within `give_back_within`, given
-/// back.
+/// Sends `request` on a stream of its own and reads its answer. A call given up before its answer
+/// is read resets its half of the stream (the node withdraws what it was doing for it, or drops a
+/// request that had not arrived whole); a lock call's answer is then read on in the background
+/// for `give_back_within`, and given back if it comes.
 pub(super) async fn call(
     conn: &quinn::Connection,
     request: Request,
     give_back_within: Duration,
 ) -> Result<Response, ClientError> {
-    let (mut send, recv) = conn.open_bi().await?;
-    wire::write_frame(&mut send, &request, MAX_CLIENT_FRAME).await?;
-    let mut answer = Answer { recv, buf: Vec::new() };
-    if !request.may_lock() {
-        let _ = send.finish();
-        return answer.read().await;
+    let (send, recv) = conn.open_bi().await?;
+    let mut call = Call {
+        conn: conn.clone(),
+        send,
+        answer: Some(Answer { recv, buf: Vec::new() }),
+        may_lock: request.may_lock(),
+        give_back_within,
+    };
+    wire::write_frame(&mut call.send, &request, MAX_CLIENT_FRAME).await?;
+    if !call.may_lock {
+        let _ = call.send.finish();
     }
-    let mut call = LockCall { conn: conn.clone(), send, answer: Some(answer), give_back_within };
     call.answer().await
 }
 
-/// A lock call's stream until its answer is read; dropped before that, it withdraws the call.
-struct LockCall {
+/// A call's stream until its answer is read; dropped before that, it withdraws the call.
+struct Call {
     conn: quinn::Connection,
-    /// The request half, left open: resetting it withdraws the call.
+    /// The request half; a lock call leaves it open while it waits.
     send: quinn::SendStream,
     /// `None` once the answer is read (or failed): nothing left to give back.
     answer: Option<Answer>,
+    /// The answer may be a handle ([`Request::may_lock`]).
+    may_lock: bool,
     give_back_within: Duration,
 }
 
-impl LockCall {
+impl Call {
     async fn answer(&mut self) -> Result<Response, ClientError> {
         let Some(answer) = &mut self.answer else { return Err(ClientError::NoAnswer) };
         let response = answer.read().await;
@@ -54,12 +61,17 @@ impl LockCall {
     }
 }
 
-impl Drop for LockCall {
+impl Drop for Call {
     fn drop(&mut self) {
         let Some(mut answer) = self.answer.take() else { return };
+        // Fails harmlessly once the node has the whole request and its end.
         let _ = self.send.reset(RESET_WITHDRAW.into());
+        if !self.may_lock {
+            return;
+        }
         // Outside a tokio runtime nothing can be read on: an answer already sent keeps its key
-        // until its deadline, as when the connection is gone.
+        // until its deadline, as when the connection is gone. The task holds the connection open
+        // until it is done.
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
         let (conn, within) = (self.conn.clone(), self.give_back_within);
         rt.spawn(async move {
