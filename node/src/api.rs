@@ -129,10 +129,12 @@ impl Sessions {
     }
 
     /// Sends each notice to the owning connection's event stream, if it has one. A full queue
-    /// drops the event but not its number, so the client sees the gap.
+    /// drops the event but not its number, so the client sees the gap. `ppm`: the epoch's
+    /// clock-rate bound, the margin taken off a recall's time left.
     pub fn report(
         &self,
         clock: &BootClock,
+        ppm: u32,
         notices: impl IntoIterator<Item = (ClientOwner, HandleId, Vec<u8>, Notice)>,
     ) {
         let mut state = lock(&self.state);
@@ -142,11 +144,12 @@ impl Sessions {
             let Some(tx) = &conn.events else { continue };
             conn.seq += 1;
             let kind = match notice {
-                // No rate margin here: the client still counts from the send instant of its
-                // last lock or renewal, and this only tells it to hurry.
-                Notice::Recalled { deadline } => {
-                    EventKind::Recalled { valid_for: deadline.saturating_duration_since(now) }
-                }
+                // Counted from now, when the event is queued, with the rate margin: no later than
+                // the handle's deadline in real time. The client still counts its deadline from
+                // its last lock or renewal; this only tells it to hurry.
+                Notice::Recalled { deadline } => EventKind::Recalled {
+                    valid_for: rate_shrink(deadline.saturating_duration_since(now), ppm),
+                },
                 Notice::Expired => EventKind::Expired,
             };
             let _ = tx.try_send(ClientEvent { seq: conn.seq, handle: handle.serial(), key, kind });

@@ -260,7 +260,8 @@ impl<'a> Carrier<'a> {
         if let Some(later) = self.later.take()
             && !later.notices.is_empty()
         {
-            shared.api.report(&shared.clock, later.notices);
+            let ppm = shared.core.current().timing.clock_rate_ppm;
+            shared.api.report(&shared.clock, ppm, later.notices);
         }
     }
 

@@ -363,8 +363,10 @@ pub struct ClientEvent {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EventKind {
-    /// Another client wants the key: the handle stays valid for `valid_for` from the moment the
-    /// node sent the event, and renewals no longer extend it. Unlock as soon as you can.
+    /// Another client wants the key: renewals no longer extend the handle. Unlock as soon as you
+    /// can. `valid_for` is the handle's time left when the node queued the event, less the
+    /// clock-rate margin: advice, not a deadline (the event may reach the client later; the
+    /// lock's deadline stays the one counted from its lock or renew request).
     Recalled { valid_for: Duration },
     /// The handle's deadline passed: the lock is lost and its next use fails.
     Expired,

@@ -125,6 +125,23 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
     let again = post(&app, &format!("{n1}/v1/unlock"), &json!({"handle": handle}));
     assert_eq!((again.status, again.kind()), (410, "Lost"), "{again:?}");
 
+    // A handle given back (its lock answer came after its caller left) hands on what it got.
+    let lock_k = json!({"key": "k", "ttl_ms": 5000, "wait_ms": 10000});
+    let given = post(&app, &format!("{n2}/v1/give-back"), &json!({"handle": next.body["handle"]}));
+    assert_eq!((given.status, &given.body), (200, &json!({"unlocked": true})), "{given:?}");
+    let third = post(&app, &format!("{n2}/v1/lock"), &lock_k);
+    assert_eq!(third.status, 200, "{third:?}");
+    assert_eq!(
+        (&third.body["note"], &third.body["recovered"]),
+        (&json!("done up to row 1200"), &json!(false))
+    );
+    // A relock unlocks with a note and locks another key in one request.
+    let relock = json!({"handle": third.body["handle"], "note": "moved on", "key": "k2", "ttl_ms": 5000, "wait_ms": 10000});
+    let moved = post(&app, &format!("{n2}/v1/relock"), &relock);
+    assert!(moved.status == 200 && moved.body["handle"].is_u64(), "{moved:?}");
+    let fourth = post(&app, &format!("{n2}/v1/lock"), &lock_k);
+    assert_eq!((fourth.status, &fourth.body["note"]), (200, &json!("moved on")), "{fourth:?}");
+
     // A client that disconnects while its lock waits withdraws it: once the key is free it is
     // not admitted to the departed client (which would hold it for its 60 s ttl).
     let blocker =

@@ -1,4 +1,4 @@
-//! The client API over HTTP: every request of the QUIC API, answered by the same code
+//! The client API over HTTP: every request of the QUIC API (`Subscribe` as `GET /v1/events`), answered by the same code
 //! ([`crate::api::answer`]), with JSON bodies and explicit units.
 //!
 //! # Identities and handles
@@ -65,6 +65,8 @@ pub(crate) fn routes(shared: Arc<Shared>) -> Router {
         .route("/v1/try-lock", post(try_lock))
         .route("/v1/renew", post(renew))
         .route("/v1/unlock", post(unlock))
+        .route("/v1/relock", post(relock))
+        .route("/v1/give-back", post(give_back))
         .route("/v1/check", post(check))
         .route("/v1/status", get(status))
         .route("/v1/epoch", get(epoch))
@@ -148,6 +150,23 @@ struct UnlockBody {
     handle: u64,
     #[serde(default)]
     note: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelockBody {
+    handle: u64,
+    #[serde(default)]
+    note: Option<String>,
+    key: String,
+    ttl_ms: u64,
+    wait_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GiveBackBody {
+    handle: u64,
 }
 
 #[derive(Deserialize)]
@@ -250,7 +269,8 @@ struct EventBody {
     key_base64: Option<String>,
     /// `recalled` or `expired`.
     kind: &'static str,
-    /// For `recalled`: the handle stays valid this long from the moment the node sent the event.
+    /// For `recalled`: the handle's time left when the node queued the event, less the clock-rate
+    /// margin. Advice to hurry, not a deadline.
     #[serde(skip_serializing_if = "Option::is_none")]
     valid_for_ms: Option<u64>,
 }
@@ -323,6 +343,20 @@ async fn renew(State(state): State<St>, caller: Caller, Body(b): Body<RenewBody>
 
 async fn unlock(State(state): State<St>, caller: Caller, Body(b): Body<UnlockBody>) -> Answer {
     call(&state, &caller, Request::Unlock { handle: b.handle, note: b.note.map(String::into_bytes) }).await
+}
+
+async fn relock(State(state): State<St>, caller: Caller, Body(b): Body<RelockBody>) -> Answer {
+    let (note, key) = (b.note.map(String::into_bytes), b.key.into_bytes());
+    call(
+        &state,
+        &caller,
+        Request::Relock { handle: b.handle, note, key, ttl: ms(b.ttl_ms), wait: ms(b.wait_ms) },
+    )
+    .await
+}
+
+async fn give_back(State(state): State<St>, caller: Caller, Body(b): Body<GiveBackBody>) -> Answer {
+    call(&state, &caller, Request::GiveBack { handle: b.handle }).await
 }
 
 async fn check(State(state): State<St>, caller: Caller, Body(b): Body<CheckBody>) -> Answer {

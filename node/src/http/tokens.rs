@@ -145,7 +145,7 @@ struct Loaded {
     /// When the file was last looked at (this process's monotonic clock); `None`: never.
     looked: Option<std::time::Instant>,
     /// The file's modification time and length when last read.
-    stamp: Option<(SystemTime, u64)>,
+    stamp: Option<(SystemTime, u64, u64)>,
 }
 
 impl Tokens {
@@ -187,9 +187,13 @@ impl Tokens {
     }
 }
 
-fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
+/// What tells one version of the tokens file from the next: a re-issue replaces the file (a new
+/// inode) and may leave its length, and within the filesystem's time resolution its mtime, as
+/// they were.
+fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len()))
+    Some((meta.modified().ok()?, meta.len(), meta.ino()))
 }
 
 #[cfg(test)]
@@ -221,6 +225,30 @@ mod tests {
         let reread = Tokens::new(&path);
         assert_eq!(reread.identify(&app), None, "reissuing replaces the old token");
         assert_eq!(reread.identify(&again), Some(Role::Client("app".into())));
+    }
+
+    #[test]
+    fn a_reissue_is_seen_though_its_length_and_mtime_are_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(TOKENS_FILE);
+        let app = Role::Client("app".into());
+        let first = issue(&path, &app).unwrap();
+        let tokens = Tokens::new(&path);
+        assert_eq!(tokens.identify(&first), Some(app.clone()));
+        let before = std::fs::metadata(&path).unwrap();
+        // As `keyhome certs` writes it: a new file renamed into place, here within the same
+        // mtime tick (a coarse-grained filesystem) and of the same length.
+        let drawn = draw(&path, None, &app).unwrap();
+        let staged = dir.path().join("staged");
+        std::fs::write(&staged, &drawn.file).unwrap();
+        let file = std::fs::File::options().write(true).open(&staged).unwrap();
+        file.set_modified(before.modified().unwrap()).unwrap();
+        std::fs::rename(&staged, &path).unwrap();
+        let after = std::fs::metadata(&path).unwrap();
+        assert_eq!((after.len(), after.modified().unwrap()), (before.len(), before.modified().unwrap()));
+        crate::runtime::lock(&tokens.state).looked = None; // as once RECHECK has passed
+        assert_eq!(tokens.identify(&first), None, "the replaced token is refused");
+        assert_eq!(tokens.identify(&drawn.token), Some(app));
     }
 
     #[test]
