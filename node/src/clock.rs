@@ -45,6 +45,13 @@ impl BootClock {
     pub fn raw_nanos(&self, at: Instant) -> u64 {
         self.origin.saturating_add(at.as_nanos())
     }
+
+    /// The raw `CLOCK_BOOTTIME` reading now, in nanoseconds (as [`BootClock::raw_nanos`] gives
+    /// instants). Async-signal-safe (a vDSO read and integer arithmetic): a forked child may call
+    /// it before it execs.
+    pub fn raw_now() -> u64 {
+        boottime_nanos()
+    }
 }
 
 impl Default for BootClock {

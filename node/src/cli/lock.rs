@@ -52,7 +52,8 @@ use tokio::task::JoinHandle;
 
 use super::process::GroupGuard;
 
-/// CMD was stopped because the lock was ending (not renewed in time, or lost).
+/// CMD was stopped because the lock was ending (not renewed in time, or lost), or, held up
+/// until then, never started.
 pub const EXIT_LOST: u8 = 123;
 /// The lock was not taken within `--wait`; CMD did not run.
 pub const EXIT_NOT_LOCKED: u8 = 124;
@@ -163,7 +164,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         .into());
     }
     if let Some(kill_after) = args.kill_after
-        && kill_after + MIN_MARGIN >= args.ttl
+        && kill_after.saturating_add(MIN_MARGIN) >= args.ttl
     {
         return Err(format!(
             "--kill-after {} leaves no time within --ttl {}: give a longer --ttl or a shorter --kill-after",
@@ -240,10 +241,21 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     if let Some(path) = &args.note_file {
         command.env("KEYHOME_NOTE_FILE", path);
     }
-    let leader = match spawn_in_group(command, &guard) {
+    // The deadline was checked above, but this process may be stopped (or the machine suspended)
+    // between that check and the spawn: the child checks again, once the guard knows its group.
+    let start_by = clock.raw_nanos(term_at(held.deadline(), plan.kill_after, plan.margin));
+    let leader = match spawn_in_group(command, &guard, start_by) {
         Ok(pid) => pid,
         Err(e) => {
             guard.disarm();
+            if GroupGuard::too_late(&e) {
+                eprintln!(
+                    "keyhome lock: the lock on {key:?} was ending before CMD could start (keyhome lock \
+                     was held up: stopped, or the machine suspended); CMD did not run"
+                );
+                let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.unlock(None)).await;
+                return Ok(ExitCode::from(EXIT_LOST));
+            }
             // keyhome's failure, not CMD's.
             if GroupGuard::gone_before_spawn(&e) {
                 let _ = held.unlock(None).await;
@@ -361,9 +373,15 @@ impl Signals {
 
 /// Starts `command` as the leader of a new process group, to die with this process, the whole
 /// group guarded by `guard`.
-fn spawn_in_group(mut command: std::process::Command, guard: &GroupGuard) -> std::io::Result<Pid> {
+/// Starts `command` in a group of its own that `guard` knows, only before `start_by` (see
+/// [`GroupGuard::arm`]).
+fn spawn_in_group(
+    mut command: std::process::Command,
+    guard: &GroupGuard,
+    start_by: u64,
+) -> std::io::Result<Pid> {
     super::process::die_with_this_process(&mut command);
-    guard.arm(&mut command);
+    guard.arm(&mut command, start_by);
     let child = command.spawn()?;
     // Reaped by `Group::reap`, not by `Child::wait`.
     Pid::from_raw(child.id() as i32).ok_or_else(|| std::io::Error::other("no process id"))

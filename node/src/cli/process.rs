@@ -164,20 +164,37 @@ impl GroupGuard {
 
     /// Makes the child `command` starts lead a process group of its own and tell the guard
     /// before it execs. Set [`die_with_this_process`] first: its check that this process still
-    /// runs comes before. Spawning fails (`ECONNRESET`, or `EPIPE`) if the guard is gone.
-    pub fn arm(&self, command: &mut std::process::Command) {
+    /// runs comes before. Spawning fails (`ECONNRESET`, or `EPIPE`) if the guard is gone, and
+    /// ([`GroupGuard::too_late`]) if `CLOCK_BOOTTIME` has reached `start_by` (nanoseconds, as
+    /// [`BootClock::raw_nanos`](keyhome::clock::BootClock::raw_nanos) gives it) by the time the
+    /// child would exec: CMD never starts after the instant it would be told to stop.
+    pub fn arm(&self, command: &mut std::process::Command, start_by: u64) {
         let sock = self.sock.as_raw_fd();
         command.process_group(0);
-        // SAFETY: the closure makes only async-signal-safe system calls (setpgid, getpid, send);
-        // `sock` stays open in this process until the spawn is over (`self` outlives the call).
+        // SAFETY: the closure makes only async-signal-safe calls (setpgid, getpid, send, a vDSO
+        // clock read); `sock` stays open in this process until the spawn is over (`self` outlives
+        // the call).
         unsafe {
             command.pre_exec(move || {
                 // `process_group(0)` did this already; whether before or after this closure
                 // runs, the group the guard is told about is the one CMD leads.
                 rustix::process::setpgid(None, None)?;
-                Message::Group(rustix::process::getpid()).send(BorrowedFd::borrow_raw(sock))
+                Message::Group(rustix::process::getpid()).send(BorrowedFd::borrow_raw(sock))?;
+                // Once the guard knows the group: a child held up past this check is killed
+                // with it at the guard's instant.
+                if keyhome::clock::BootClock::raw_now() >= start_by {
+                    return Err(rustix::io::Errno::TIMEDOUT.into());
+                }
+                Ok(())
             });
         }
+    }
+
+    /// Whether `e`, from spawning a command [`GroupGuard::arm`] prepared, says that its
+    /// `start_by` had passed when the child was about to exec (this process, or the child, was
+    /// held up: stopped, or the machine suspended). The command did not run.
+    pub fn too_late(e: &std::io::Error) -> bool {
+        e.raw_os_error() == Some(rustix::io::Errno::TIMEDOUT.raw_os_error())
     }
 
     /// Whether `e`, from spawning a command [`GroupGuard::arm`] prepared, says that the guard had
@@ -225,13 +242,9 @@ impl GroupGuard {
             }
             None => "could not be replaced",
         };
-        if let Some(pid) = self.pid.take() {
-            // Still ours (not reaped): gone for good before another takes over; SIGKILL ends a
-            // stopped process too.
-            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-            self.dying.push(pid);
-        }
-        self.read_word(); // what it said before it goes, with its socket
+        self.read_word(); // what it said, before its socket goes
+        // The new guard first: should none start, the old one (if it is only stuck, or stopped
+        // and later continued) still kills the group at the instant it knows, never later.
         let replaced = GroupGuard::start().and_then(|mut new| {
             Message::Group(group).send(new.sock.as_fd())?;
             if let Some(at) = self.kill_at {
@@ -241,6 +254,12 @@ impl GroupGuard {
         });
         match replaced {
             Ok(mut new) => {
+                if let Some(pid) = self.pid.take() {
+                    // Still ours (not reaped): gone for good now that another has taken over;
+                    // SIGKILL ends a stopped process too.
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    self.dying.push(pid);
+                }
                 eprintln!(
                     "keyhome lock: the guard of CMD's process group {why}; started another (pid {})",
                     new.pid.map_or(0, |pid| pid.as_raw_nonzero().get())
@@ -421,7 +440,7 @@ mod tests {
         // Reaped only once it has exited, which closed its end of the socket.
         rustix::process::waitpid(Some(pid), WaitOptions::empty()).expect("reap the guard");
         let mut command = std::process::Command::new("true");
-        guard.arm(&mut command);
+        guard.arm(&mut command, u64::MAX);
         match command.spawn() {
             Ok(mut child) => {
                 let _ = child.wait();
@@ -437,11 +456,35 @@ mod tests {
         let _forking = FORKING.lock().unwrap_or_else(|e| e.into_inner());
         let guard = GroupGuard::start().expect("fork a guard");
         let mut command = std::process::Command::new("true");
-        guard.arm(&mut command);
+        guard.arm(&mut command, u64::MAX);
         let mut child = command.spawn().expect("CMD starts");
         let pid = Pid::from_raw(child.id() as i32).expect("a pid");
         assert_eq!(rustix::process::getpgid(Some(pid)).ok(), Some(pid), "CMD leads its own group");
         assert!(child.wait().expect("CMD ends").success());
         assert!(!guard.disarm(), "the guard killed nothing");
+    }
+
+    /// A child held up until its instant to start has passed (here: an instant already past
+    /// when it is armed) fails to start: CMD never runs after the instant it would be told to
+    /// stop, however long the wrapper was stopped between its own check and the spawn. (Checked
+    /// able to fail: with the check left out of `arm`, CMD starts and this test fails.)
+    #[test]
+    fn cmd_does_not_start_once_its_time_is_up() {
+        let _forking = FORKING.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = GroupGuard::start().expect("fork a guard");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ran = dir.path().join("ran");
+        let mut command = std::process::Command::new("touch");
+        command.arg(&ran);
+        guard.arm(&mut command, keyhome::clock::BootClock::raw_now());
+        match command.spawn() {
+            Ok(mut child) => {
+                let _ = child.wait();
+                panic!("CMD started after its instant to start");
+            }
+            Err(e) => assert!(GroupGuard::too_late(&e), "an error that says it was too late: {e}"),
+        }
+        assert!(!ran.exists(), "CMD did not run");
+        guard.disarm();
     }
 }
