@@ -263,11 +263,20 @@ pub struct HttpConfig {
     /// the connection closed) [10 000].
     #[serde(default = "HttpConfig::default_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Most connections served at once over both listeners [1024]. Past it, a few more (32) are
+    /// answered at once and closed: the probes (`/healthz`, `/readyz`) as usual, every other route
+    /// `503 Unavailable`, so that one client's many connections cannot starve the probes.
+    #[serde(default = "HttpConfig::default_max_connections")]
+    pub max_connections: usize,
 }
 
 impl HttpConfig {
     fn default_request_timeout_ms() -> u64 {
         10_000
+    }
+
+    fn default_max_connections() -> usize {
+        1024
     }
 
     /// The settings `keyhome dev` and the test clusters use: TCP on `listen`, the cluster's
@@ -278,6 +287,7 @@ impl HttpConfig {
             unix: None,
             tokens: PathBuf::from("..").join(crate::http::tokens::TOKENS_FILE),
             request_timeout_ms: HttpConfig::default_request_timeout_ms(),
+            max_connections: HttpConfig::default_max_connections(),
         }
     }
 }

@@ -387,3 +387,46 @@ async fn the_openapi_description_matches_the_server() {
         }
     }
 }
+
+/// Connections past `http.max_connections` are answered at once and closed: the probes as usual,
+/// any other route 503 saying why, so connections that hold their slot (idle here, or waiting on
+/// a lock) cannot make the probes fail or leave other clients hanging. Once a slot frees, the API
+/// serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_still_get_the_probes_and_a_clear_503() {
+    let mut cluster = Cluster::layout(Options { nodes: 1, ..Options::default() });
+    cluster.edit_config(1, |config| {
+        let http = config.http.as_mut().expect("an [http] table");
+        http.max_connections = 2;
+        // The held connections below send nothing: they must not be closed for it meanwhile.
+        http.request_timeout_ms = 600_000;
+    });
+    cluster.start_node(1);
+    cluster.wait_ready(&[1], 1).await;
+    wait_http_ready(&cluster).await;
+    let app = cluster.http_token(&Role::Client("app".into()));
+    let url = cluster.http_url(1);
+
+    let held: Vec<std::net::TcpStream> =
+        (0..2).map(|_| std::net::TcpStream::connect(cluster.addr(1)).expect("connect")).collect();
+    let busy = eventually(PATIENCE, "the API answers 503 once both slots are held", || {
+        let reply = get(&app, &format!("{url}/v1/status"));
+        async move { (reply.status == 503).then_some(reply) }
+    })
+    .await;
+    assert_eq!(busy.kind(), "Unavailable", "{busy:?}");
+    let message = busy.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("http.max_connections"), "the answer says why: {busy:?}");
+    assert!(busy.headers.contains("connection: close"), "and closes the connection: {busy:?}");
+    let health = curl(None, &format!("{url}/healthz"), &[]);
+    assert_eq!((health.status, &health.body), (200, &json!({ "ok": true })), "{health:?}");
+    let ready = curl(None, &format!("{url}/readyz"), &[]);
+    assert_eq!((ready.status, &ready.body["ready"]), (200, &json!(true)), "{ready:?}");
+
+    drop(held);
+    eventually(PATIENCE, "the API serves again once the slots are free", || {
+        let reply = get(&app, &format!("{url}/v1/status"));
+        async move { (reply.status == 200).then_some(()) }
+    })
+    .await;
+}

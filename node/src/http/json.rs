@@ -118,6 +118,18 @@ pub async fn not_found(uri: axum::http::Uri) -> HttpError {
     )
 }
 
+/// The answer to any request but a probe on a connection past the cap (see [`super::server`]).
+pub async fn busy(max_connections: usize) -> HttpError {
+    HttpError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "Unavailable",
+        format!(
+            "this node serves {max_connections} HTTP connections already (http.max_connections): \
+             retry later, and reuse connections"
+        ),
+    )
+}
+
 /// The answer to a route that exists, asked with the wrong method.
 pub async fn wrong_method(method: axum::http::Method, uri: axum::http::Uri) -> HttpError {
     HttpError::new(
