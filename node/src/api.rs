@@ -272,6 +272,10 @@ pub(crate) async fn answer(
         }
         Request::Relock { handle, note, key, ttl, wait } => {
             check_key(shared, &key)?;
+            // Refused before the unlock, which could not be undone.
+            if ttl.is_zero() {
+                return Err(lock_error(LockError::ZeroTtl));
+            }
             unlock_handle(shared, owner, handle, note)?;
             lock_answer(shared, owner, &key, ttl, wait).await
         }

@@ -537,6 +537,18 @@ impl ClientLock {
         self.client.unlock(self.info.handle, note).await
     }
 
+    /// Ends the lock as if it had never been admitted, for a holder that did nothing under it:
+    /// the key's next holder gets the note and `recovered` flag this lock got
+    /// ([`Request::GiveBack`]), where [`ClientLock::unlock`] would tell it of a clean handoff.
+    pub async fn give_back(mut self) -> Result<(), ClientError> {
+        self.done = true;
+        let request = Request::GiveBack { handle: self.info.handle };
+        match self.client.call(request, self.client.timeout).await? {
+            Response::Unlocked => Ok(()),
+            _ => Err(ClientError::Unexpected),
+        }
+    }
+
     /// Unlocks without waiting for the node's answer (its errors are not seen). On the local
     /// socket it goes as a cast, which the node does not answer at all, and the next request on
     /// the connection sees the key unlocked; over QUIC the unlock goes in the background.

@@ -270,6 +270,9 @@ pub struct HttpConfig {
     pub max_connections: usize,
 }
 
+/// Most `http.max_connections` a node takes (each is a task and a file descriptor).
+pub const MAX_HTTP_CONNECTIONS: usize = 1 << 20;
+
 impl HttpConfig {
     fn default_request_timeout_ms() -> u64 {
         10_000
@@ -340,6 +343,15 @@ impl NodeConfig {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     message: "[http] needs `listen` (a TCP address), `unix` (a socket path) or both".into(),
+                });
+            }
+            if !(1..=MAX_HTTP_CONNECTIONS).contains(&http.max_connections) {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "http.max_connections = {} is not within 1 to {MAX_HTTP_CONNECTIONS}",
+                        http.max_connections
+                    ),
                 });
             }
         }

@@ -135,7 +135,11 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
         (&third.body["note"], &third.body["recovered"]),
         (&json!("done up to row 1200"), &json!(false))
     );
-    // A relock unlocks with a note and locks another key in one request.
+    // A relock refused for its lock's values unlocks nothing (the relock below still finds the
+    // handle held); one that passes unlocks with a note and locks another key in one request.
+    let zero = json!({"handle": third.body["handle"], "key": "k2", "ttl_ms": 0, "wait_ms": 0});
+    let refused = post(&app, &format!("{n2}/v1/relock"), &zero);
+    assert_eq!((refused.status, refused.kind()), (400, "Invalid"), "{refused:?}");
     let relock = json!({"handle": third.body["handle"], "note": "moved on", "key": "k2", "ttl_ms": 5000, "wait_ms": 10000});
     let moved = post(&app, &format!("{n2}/v1/relock"), &relock);
     assert!(moved.status == 200 && moved.body["handle"].is_u64(), "{moved:?}");

@@ -354,6 +354,25 @@ async fn children_cmd_leaves_behind_are_stopped_before_the_unlock() {
     .await;
 }
 
+/// A recall cuts CMD short inside the lock (renewals no longer extend it: SIGTERM, then SIGKILL
+/// before the deadline). The first wrapper exits 123 and does not unlock: the second CMD starts
+/// only once the lock ran out, and is told `recovered`, since the first CMD may have stopped
+/// halfway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cmd_cut_short_by_a_recall_hands_on_recovered() {
+    let cluster = started().await;
+    let marks = Marks::new(&cluster, "marks");
+    let mut first = Wrapper::start(&cluster, 1, "cmd/recalled", &[], &marks.first());
+    let pids = marks.first_running().await;
+    let mut second = Wrapper::start(&cluster, 3, "cmd/recalled", &[], &marks.second());
+    let second_status = second.exit().await;
+    assert_no_overlap(&marks, true);
+    assert_eq!(code(second_status), Some(0), "{second_status}");
+    let status = first.exit().await;
+    assert!(!alive(&pids), "the first CMD or its child outlived its wrapper");
+    assert_eq!(code(status), Some(123), "the first wrapper cut CMD short: {status}");
+}
+
 /// The statuses that are keyhome's own, and the handoff note.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_statuses_and_the_handoff_note() {

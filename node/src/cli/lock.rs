@@ -64,7 +64,7 @@ pub const EXIT_CANNOT_RUN: u8 = 126;
 /// CMD was not found.
 pub const EXIT_NOT_FOUND: u8 = 127;
 
-/// How long an unlock after a cut-short CMD may take: the lock is ending anyway.
+/// How long giving back a lock CMD never ran under may take when the lock is ending anyway.
 const GIVE_BACK_WITHIN: Duration = Duration::from_secs(1);
 /// Shortest pause between two renewal attempts.
 const MIN_RETRY: Duration = Duration::from_millis(20);
@@ -190,7 +190,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let lost = match events {
         Ok(events) => watch_events(events, held.handle()),
         Err(e) => {
-            let _ = held.unlock(None).await;
+            let _ = held.give_back().await;
             return Err(e.into());
         }
     };
@@ -200,7 +200,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         held.renew(args.ttl).await?;
         if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
             let valid_for = held.valid_for();
-            let _ = held.unlock(None).await;
+            let _ = held.give_back().await;
             return Err(format!(
                 "the lock is valid for only {}: no room for --kill-after {} plus a {} margin; use a \
                  shorter --kill-after (under half the delegation lease)",
@@ -222,7 +222,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     let (signals, guard) = match prepared {
         Ok(prepared) => prepared,
         Err(e) => {
-            let _ = held.unlock(None).await;
+            let _ = held.give_back().await;
             return Err(
                 format!("cannot supervise CMD (signal handlers, subreaper, guard process): {e}").into()
             );
@@ -248,17 +248,17 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
         Ok(pid) => pid,
         Err(e) => {
             guard.disarm();
-            if GroupGuard::too_late(&e) {
+            if GroupGuard::too_late(&e, start_by) {
                 eprintln!(
                     "keyhome lock: the lock on {key:?} was ending before CMD could start (keyhome lock \
                      was held up: stopped, or the machine suspended); CMD did not run"
                 );
-                let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.unlock(None)).await;
+                let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.give_back()).await;
                 return Ok(ExitCode::from(EXIT_LOST));
             }
             // keyhome's failure, not CMD's.
             if GroupGuard::gone_before_spawn(&e) {
-                let _ = held.unlock(None).await;
+                let _ = held.give_back().await;
                 return Err(format!(
                     "the guard process of CMD's group ended before CMD started ({e}); CMD did not run"
                 )
@@ -269,7 +269,7 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
                 _ => EXIT_CANNOT_RUN,
             };
             eprintln!("keyhome lock: cannot run {program:?}: {e}");
-            let _ = held.unlock(None).await;
+            let _ = held.give_back().await;
             return Ok(ExitCode::from(code));
         }
     };
@@ -279,8 +279,11 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     match outcome {
         Outcome { held, cut_short: Some(why) } => {
             eprintln!("keyhome lock: the lock on {key:?} was ending ({why}): CMD was stopped");
+            // CMD may have stopped halfway: no unlock, which would tell the next holder of a clean
+            // handoff. The lock runs out at its deadline (at most --kill-after and the margin after
+            // the SIGTERM), and the next holder is told `recovered`.
             if let Some(held) = held {
-                let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.unlock(None)).await;
+                held.forget();
             }
             Ok(ExitCode::from(EXIT_LOST))
         }

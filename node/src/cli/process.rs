@@ -18,7 +18,8 @@ pub fn die_with_this_process(command: &mut std::process::Command) {
             rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))?;
             // This process may have died before the death signal was armed.
             if rustix::process::getppid() != Some(parent) {
-                return Err(std::io::Error::other("the parent process exited"));
+                // ESRCH, not a message: nothing may allocate between fork and exec.
+                return Err(rustix::io::Errno::SRCH.into());
             }
             Ok(())
         });
@@ -193,8 +194,11 @@ impl GroupGuard {
     /// Whether `e`, from spawning a command [`GroupGuard::arm`] prepared, says that its
     /// `start_by` had passed when the child was about to exec (this process, or the child, was
     /// held up: stopped, or the machine suspended). The command did not run.
-    pub fn too_late(e: &std::io::Error) -> bool {
+    pub fn too_late(e: &std::io::Error, start_by: u64) -> bool {
+        // `execve` itself may fail with ETIMEDOUT (a file on a network filesystem): only a child
+        // past `start_by` says this.
         e.raw_os_error() == Some(rustix::io::Errno::TIMEDOUT.raw_os_error())
+            && keyhome::clock::BootClock::raw_now() >= start_by
     }
 
     /// Whether `e`, from spawning a command [`GroupGuard::arm`] prepared, says that the guard had
@@ -232,8 +236,11 @@ impl GroupGuard {
             .pid
             .map(|pid| rustix::process::waitpid(Some(pid), WaitOptions::NOHANG | WaitOptions::UNTRACED))
         {
-            Some(Ok(None)) if !stuck => return,
-            Some(Ok(None)) => "could not be told the lock's new deadline",
+            // One that failed to be replaced is tried again on every check: a stop is
+            // reported once only.
+            Some(Ok(None)) if !stuck && !self.failing => return,
+            Some(Ok(None)) if stuck => "could not be told the lock's new deadline",
+            Some(Ok(None)) => "could not be replaced before",
             Some(Ok(Some((_, status)))) if status.stopped() => "was stopped",
             // Reaped now (or gone before): its pid is free, and must not be signalled.
             Some(Ok(Some(_)) | Err(_)) => {
@@ -260,6 +267,7 @@ impl GroupGuard {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                     self.dying.push(pid);
                 }
+                self.read_word(); // what it said since, before its socket goes
                 eprintln!(
                     "keyhome lock: the guard of CMD's process group {why}; started another (pid {})",
                     new.pid.map_or(0, |pid| pid.as_raw_nonzero().get())
@@ -476,13 +484,14 @@ mod tests {
         let ran = dir.path().join("ran");
         let mut command = std::process::Command::new("touch");
         command.arg(&ran);
-        guard.arm(&mut command, keyhome::clock::BootClock::raw_now());
+        let start_by = keyhome::clock::BootClock::raw_now();
+        guard.arm(&mut command, start_by);
         match command.spawn() {
             Ok(mut child) => {
                 let _ = child.wait();
                 panic!("CMD started after its instant to start");
             }
-            Err(e) => assert!(GroupGuard::too_late(&e), "an error that says it was too late: {e}"),
+            Err(e) => assert!(GroupGuard::too_late(&e, start_by), "an error that says it was too late: {e}"),
         }
         assert!(!ran.exists(), "CMD did not run");
         guard.disarm();

@@ -144,7 +144,7 @@ struct Loaded {
     by_hash: HashMap<blake3::Hash, Role>,
     /// When the file was last looked at (this process's monotonic clock); `None`: never.
     looked: Option<std::time::Instant>,
-    /// The file's modification time and length when last read.
+    /// The file's modification time, length and inode when last read.
     stamp: Option<(SystemTime, u64, u64)>,
 }
 
