@@ -34,5 +34,8 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 /// What a connection past `http.max_connections` is served ([`server`]): the probes, and for
 /// any other route `503 Unavailable` saying why.
 pub(crate) fn busy_router(shared: Arc<Shared>, max_connections: usize) -> Router {
-    Router::new().merge(health::routes(shared)).fallback(move || json::busy(max_connections))
+    Router::new()
+        .merge(health::routes(shared))
+        .fallback(move || json::busy(max_connections))
+        .method_not_allowed_fallback(json::wrong_method)
 }

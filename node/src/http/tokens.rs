@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use base64::Engine;
 use serde::{Deserialize, Serialize};
@@ -144,8 +144,8 @@ struct Loaded {
     by_hash: HashMap<blake3::Hash, Role>,
     /// When the file was last looked at (this process's monotonic clock); `None`: never.
     looked: Option<std::time::Instant>,
-    /// The file's modification time, length and inode when last read.
-    stamp: Option<(SystemTime, u64, u64)>,
+    /// A hash of the file's contents when last read.
+    stamp: Option<blake3::Hash>,
 }
 
 impl Tokens {
@@ -187,13 +187,16 @@ impl Tokens {
     }
 }
 
-/// What tells one version of the tokens file from the next: a re-issue replaces the file (a new
-/// inode) and may leave its length, and within the filesystem's time resolution its mtime, as
-/// they were.
-fn stamp(path: &Path) -> Option<(SystemTime, u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(path).ok()?;
-    Some((meta.modified().ok()?, meta.len(), meta.ino()))
+/// What tells one version of the tokens file from the next: a hash of its contents (at most
+/// [`MAX_FILE`] bytes read; a larger file is refused when loaded). A re-issue may leave the
+/// file's length, its inode number (reused) and, within the filesystem's time resolution, its
+/// mtime as they were.
+fn stamp(path: &Path) -> Option<blake3::Hash> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let file = std::fs::File::open(path).ok()?;
+    file.take(MAX_FILE + 1).read_to_end(&mut bytes).ok()?;
+    Some(blake3::hash(&bytes))
 }
 
 #[cfg(test)]
@@ -237,7 +240,8 @@ mod tests {
         assert_eq!(tokens.identify(&first), Some(app.clone()));
         let before = std::fs::metadata(&path).unwrap();
         // As `keyhome certs` writes it: a new file renamed into place, here within the same
-        // mtime tick (a coarse-grained filesystem) and of the same length.
+        // mtime tick (a coarse-grained filesystem) and of the same length (its inode number
+        // could be one freed since, too).
         let drawn = draw(&path, None, &app).unwrap();
         let staged = dir.path().join("staged");
         std::fs::write(&staged, &drawn.file).unwrap();
