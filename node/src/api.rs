@@ -232,11 +232,11 @@ async fn serve_request(
     if let Request::Subscribe = request {
         return subscribe(shared, conn, send).await;
     }
-    // The client gave up: whatever was pending is withdrawn by the drop of `answer`'s future. A
-    // lock call says so by resetting its half of the stream (`wire::RESET_WITHDRAW`) and reads on
-    // for an answer sent before that, to give it back; a client that stops reading stops this
-    // half.
-    // `answer` first: its first poll carries out what needs no waiting (a relock's unlock).
+    // A client that gives up withdraws what was pending (the drop of `answer`'s future): a lock
+    // call by resetting its half of the stream (`wire::RESET_WITHDRAW`), reading on for an answer
+    // sent before that to give it back; any call by no longer reading (stopping this half).
+    // `answer` is polled first: its first poll carries out what needs no waiting (a relock's
+    // unlock).
     let response = tokio::select! {
         biased;
         r = answer(&shared, owner, &role, request) => r,
@@ -267,15 +267,12 @@ pub(crate) async fn answer(
 ) -> Result<Response, ApiError> {
     match request {
         Request::Lock { key, ttl, wait } => {
-            check_key(shared, &key)?;
+            check_lock(shared, &key, ttl)?;
             lock_answer(shared, owner, &key, ttl, wait).await
         }
         Request::Relock { handle, note, key, ttl, wait } => {
-            check_key(shared, &key)?;
-            // Refused before the unlock, which could not be undone.
-            if ttl.is_zero() {
-                return Err(lock_error(LockError::ZeroTtl));
-            }
+            // Before the unlock, which could not be undone.
+            check_lock(shared, &key, ttl)?;
             unlock_handle(shared, owner, handle, note)?;
             lock_answer(shared, owner, &key, ttl, wait).await
         }
@@ -364,6 +361,16 @@ pub(crate) async fn answer(
         }
         Request::Subscribe => Err(ApiError::new(ErrorKind::Invalid, "subscribe on its own stream")),
     }
+}
+
+/// Refuses a lock the core would refuse for its arguments (a zero `ttl`, a bad key), before
+/// anything of the request is carried out.
+fn check_lock(shared: &Arc<Shared>, key: &[u8], ttl: Duration) -> Result<(), ApiError> {
+    check_key(shared, key)?;
+    if ttl.is_zero() {
+        return Err(lock_error(LockError::ZeroTtl));
+    }
+    Ok(())
 }
 
 /// Refuses an empty key, and a key longer than this node accepts, saying what the limit is.

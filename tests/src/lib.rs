@@ -15,6 +15,7 @@ pub mod check;
 pub mod clock;
 pub mod cluster;
 pub mod disk;
+pub mod fake_node;
 pub mod fuzz;
 pub mod hostile;
 pub mod locks;

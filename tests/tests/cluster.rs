@@ -13,6 +13,7 @@ use keyhome::wire::{
 use keyhome_delegation::FencingToken;
 use keyhome_epoch::{Change, NodeId};
 use keyhome_sim::cluster::{self as harness, Cluster, Options, PATIENCE, home_of, key_homed_on};
+use keyhome_sim::fake_node;
 
 /// A ttl long enough that no test's handle runs out while the test uses it.
 const TTL: Duration = Duration::from_secs(20);
@@ -220,15 +221,6 @@ async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
 async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left() {
     use tokio::sync::oneshot;
 
-    fn locked(handle: u64) -> Response {
-        Response::Locked(wire::Locked {
-            handle,
-            token: FencingToken { epoch: 1, incarnation: 1, counter: handle, local_seq: 0 },
-            valid_for: TTL,
-            note: None,
-            recovered: false,
-        })
-    }
     async fn next_request(conn: &quinn::Connection) -> (quinn::SendStream, quinn::RecvStream, Request) {
         let (send, mut recv) = conn.accept_bi().await.expect("a request stream");
         let request =
@@ -268,7 +260,7 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
         let _ = seen_tx.send(());
         let reset = recv.received_reset().await.expect("the stream");
         assert_eq!(reset, Some(wire::RESET_WITHDRAW.into()), "the call is withdrawn by a reset");
-        answer(&mut send, &locked(41)).await;
+        answer(&mut send, &fake_node::locked(41, TTL)).await;
         let _ = first_tx.send(given_back(&conn).await);
         // 2. Answered while its caller still waits, and received by the client's connection before
         // the caller goes: the answer's stream is acknowledged whole.
@@ -276,7 +268,7 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
         assert!(matches!(request, Request::Lock { .. }), "expected a lock, got {request:?}");
         let _ = seen2_tx.send(());
         go_rx.await.expect("the test goes on");
-        answer(&mut send, &locked(42)).await;
+        answer(&mut send, &fake_node::locked(42, TTL)).await;
         assert_eq!(send.stopped().await.expect("the stream"), None, "the client received the answer");
         let _ = sent2_tx.send(());
         let reset = recv.received_reset().await.expect("the stream");
@@ -286,24 +278,14 @@ async fn the_client_gives_back_a_lock_answered_over_quic_after_its_caller_left()
 
     let client =
         keyhome::client::Client::connect_with(NodeId(1), addr, &app, &trusted).await.expect("connect");
-    {
-        let lock = client.lock(b"k", TTL, PATIENCE);
-        tokio::pin!(lock);
-        tokio::select! {
-            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
-            seen = seen_rx => seen.expect("the fake node saw the call"),
-        }
-    } // dropped: the client resets the call's stream
+    // Dropped once the fake node has it: the client resets the call's stream.
+    fake_node::pending_until_seen(std::pin::pin!(client.lock(b"k", TTL, PATIENCE)), seen_rx).await;
     let first =
         tokio::time::timeout(PATIENCE, first_rx).await.expect("the client gave back").expect("the fake");
     assert_eq!(first, 41, "a lock answered after its caller left");
     {
-        let lock = client.lock(b"k", TTL, PATIENCE);
-        tokio::pin!(lock);
-        tokio::select! {
-            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
-            seen = seen2_rx => seen.expect("the fake node saw the call"),
-        }
+        let mut lock = std::pin::pin!(client.lock(b"k", TTL, PATIENCE));
+        fake_node::pending_until_seen(lock.as_mut(), seen2_rx).await;
         let _ = go_tx.send(());
         sent2_rx.await.expect("the fake node answered");
     } // dropped, its answer received but unread

@@ -16,6 +16,7 @@ use keyhome::config::{LocalAllow, LocalRole, LocalSettings, NodeConfig, write_to
 use keyhome::wire::{ErrorKind, EventKind, LocalFrame, LocalRequest, MAX_CLIENT_FRAME, Request, Response};
 use keyhome_epoch::{Change, NodeId};
 use keyhome_sim::cluster::{Cluster, Options, PATIENCE, key_homed_on};
+use keyhome_sim::fake_node;
 use keyhome_sim::hostile::measure::{cpu_time, log_lines};
 
 /// A ttl long enough that no test's handle runs out while the test uses it.
@@ -580,20 +581,6 @@ async fn a_handle_given_back_frees_its_key_with_the_handoff_it_got() {
 async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
     use tokio::sync::oneshot;
 
-    fn locked(handle: u64) -> Response {
-        Response::Locked(keyhome::wire::Locked {
-            handle,
-            token: keyhome_delegation::FencingToken {
-                epoch: 1,
-                incarnation: 1,
-                counter: handle,
-                local_seq: 0,
-            },
-            valid_for: TTL,
-            note: None,
-            recovered: false,
-        })
-    }
     fn request(stream: &mut std::os::unix::net::UnixStream) -> LocalRequest {
         read_frame(stream).expect("a frame from the client")
     }
@@ -627,14 +614,14 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
             LocalRequest::Cancel { id: cancelled } => assert_eq!(cancelled, id),
             other => panic!("expected the cancel of call {id}, got {other:?}"),
         }
-        send_frame(&mut stream, &LocalFrame::Answer { id, response: locked(41) });
+        send_frame(&mut stream, &LocalFrame::Answer { id, response: fake_node::locked(41, TTL) });
         let _ = first_tx.send(request(&mut stream));
         // 2. Answered while its caller still waits; the unlock call after it shows the client's
         // reader has handed the answer over before the caller goes.
         let id = lock_id(request(&mut stream));
         let _ = seen2_tx.send(());
         go_rx.blocking_recv().expect("the test goes on");
-        send_frame(&mut stream, &LocalFrame::Answer { id, response: locked(42) });
+        send_frame(&mut stream, &LocalFrame::Answer { id, response: fake_node::locked(42, TTL) });
         let unlock = match request(&mut stream) {
             LocalRequest::Call { id, request: Request::Unlock { .. } } => id,
             other => panic!("expected an unlock call, got {other:?}"),
@@ -644,25 +631,15 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
     });
 
     let client = Client::connect_local(&socket).await.expect("connect to the fake node");
-    {
-        let lock = client.lock(b"k", TTL, PATIENCE);
-        tokio::pin!(lock);
-        tokio::select! {
-            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
-            seen = seen_rx => seen.expect("the fake node saw the call"),
-        }
-    } // dropped: the client cancels the call
+    // Dropped once the fake node has it: the client cancels the call.
+    fake_node::pending_until_seen(std::pin::pin!(client.lock(b"k", TTL, PATIENCE)), seen_rx).await;
     let give_back = |handle: u64| LocalRequest::Cast { request: Request::GiveBack { handle } };
     let first =
         tokio::time::timeout(PATIENCE, first_rx).await.expect("the client spoke").expect("the fake node");
     assert_eq!(format!("{first:?}"), format!("{:?}", give_back(41)), "a lock answered after its cancel");
     {
-        let lock = client.lock(b"k", TTL, PATIENCE);
-        tokio::pin!(lock);
-        tokio::select! {
-            r = &mut lock => panic!("the fake node answered before it was told to (ok: {})", r.is_ok()),
-            seen = seen2_rx => seen.expect("the fake node saw the call"),
-        }
+        let mut lock = std::pin::pin!(client.lock(b"k", TTL, PATIENCE));
+        fake_node::pending_until_seen(lock.as_mut(), seen2_rx).await;
         let _ = go_tx.send(());
         client.unlock(7, None).await.expect("the fake node answers the unlock");
     } // dropped, its answer unread

@@ -375,9 +375,7 @@ impl Signals {
 }
 
 /// Starts `command` as the leader of a new process group, to die with this process, the whole
-/// group guarded by `guard`.
-/// Starts `command` in a group of its own that `guard` knows, only before `start_by` (see
-/// [`GroupGuard::arm`]).
+/// group guarded by `guard`, and only before `start_by` (see [`GroupGuard::arm`]).
 fn spawn_in_group(
     mut command: std::process::Command,
     guard: &GroupGuard,

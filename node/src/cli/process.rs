@@ -249,7 +249,6 @@ impl GroupGuard {
             }
             None => "could not be replaced",
         };
-        self.read_word(); // what it said, before its socket goes
         // The new guard first: should none start, the old one (if it is only stuck, or stopped
         // and later continued) still kills the group at the instant it knows, never later.
         let replaced = GroupGuard::start().and_then(|mut new| {
@@ -267,7 +266,7 @@ impl GroupGuard {
                     let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
                     self.dying.push(pid);
                 }
-                self.read_word(); // what it said since, before its socket goes
+                self.read_word(); // what it said, before its socket goes
                 eprintln!(
                     "keyhome lock: the guard of CMD's process group {why}; started another (pid {})",
                     new.pid.map_or(0, |pid| pid.as_raw_nonzero().get())
