@@ -240,6 +240,9 @@ impl<'a> Carrier<'a> {
     fn finish(self) {
         if self.later.is_some() || self.failed || self.wake {
             self.finish_slow();
+        } else if self.caller.is_none() {
+            // Nothing to drop (both `Option`s are `None`): skips the drop glue on the fast path.
+            std::mem::forget(self);
         }
     }
 
