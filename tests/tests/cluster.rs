@@ -363,7 +363,8 @@ async fn restarted_node_keeps_tokens_increasing() {
     let n1 = cluster.client(1).await;
     let held = n1.lock(&key, TTL, PATIENCE).await.expect("lock through node 1, the key's home");
     let before = held.token();
-    held.unlock(None).await.expect("unlock");
+    // A handle the node's crash left behind: its number, kept by its owner to clean up with.
+    let old_handle = held.forget();
     let incarnation = cluster.status(1).await.incarnation;
 
     cluster.kill(1);
@@ -372,10 +373,17 @@ async fn restarted_node_keeps_tokens_increasing() {
     assert!(status.incarnation > incarnation, "a restart is a new incarnation: {status:?}");
 
     let n1 = cluster.client(1).await;
+    let other = n1.lock(b"restart/other", TTL, PATIENCE).await.expect("lock another key");
     let held = n1.lock(&key, TTL, PATIENCE).await.expect("lock through the restarted node");
     assert!(held.token() > before, "tokens increase across the restart: {before} then {}", held.token());
     assert!(held.token().incarnation > before.incarnation);
+    // The old number names no handle of the new run (the same identity holds two), so cleaning up
+    // with it cannot end a lock taken since.
+    assert!(![other.handle(), held.handle()].contains(&old_handle), "handle {old_handle} given out again");
+    let err = n1.unlock(old_handle, None).await.expect_err("a handle of the run before is gone");
+    assert_eq!(err.kind(), Some(ErrorKind::Lost), "{err}");
     held.unlock(None).await.expect("unlock");
+    other.unlock(None).await.expect("the other key was still held");
 }
 
 // ---- 8 ----

@@ -306,13 +306,13 @@ impl Core {
         now: Instant,
         out: &mut impl Sink,
     ) -> Core {
-        let id = epoch.id();
+        let (id, incarnation) = (epoch.id(), epoch.incarnation());
         let count = shards.clamp(1, MAX_SHARDS);
         let view = std::sync::Arc::new(epoch.view());
         let activity = Activity::default();
         let shards = (0..count)
             .map(|index| {
-                let place = Place::new(index, count);
+                let place = Place::new(index, count, incarnation);
                 let (home, holder) = share_out(&home, &holder, place);
                 Slot(Mutex::new(Shard::new(
                     place,
@@ -879,11 +879,12 @@ mod tests {
     #[test]
     fn shards_share_out_the_caps_and_never_give_out_the_same_serial() {
         let (home, holder) = (HomeConfig::new(NodeId(1)), HolderConfig::new(NodeId(1)));
-        for count in 1..=5u64 {
+        for (count, incarnation) in (1..=5u64).zip([1, 2, 3, u64::MAX, 1 << 10]) {
             let mut firsts = Vec::new();
             let mask = count.next_power_of_two() - 1;
             for index in 0..count {
-                let (h, l) = share_out(&home, &holder, Place::new(index as usize, count as usize));
+                let (h, l) =
+                    share_out(&home, &holder, Place::new(index as usize, count as usize, incarnation));
                 // Serial `s` belongs to shard `s & mask`, and 0 is never a serial.
                 assert!(l.serials.first >= 1);
                 assert_eq!(l.serials.first & mask, index);
@@ -895,6 +896,26 @@ mod tests {
             firsts.sort_unstable();
             firsts.dedup();
             assert_eq!(firsts.len() as u64, count);
+        }
+    }
+
+    /// A handle number kept from an earlier run of the node names nothing in this one: each run's
+    /// ids start past the ids the run before could give out.
+    #[test]
+    fn each_run_gives_out_serials_the_run_before_did_not() {
+        for count in [1, 2, 3, MAX_SHARDS] {
+            for index in [0, count - 1] {
+                let first = |incarnation| Place::new(index, count, incarnation).first();
+                let stride = Place::stride(count);
+                for incarnation in [1, 2, 1000, (1 << 10) - 2] {
+                    let (this, next) = (first(incarnation), first(incarnation + 1));
+                    assert!(next > this && next - this >= (1 << 36) * stride, "run {incarnation} of {count}");
+                    assert_eq!(this & (stride - 1), index as u64 & (stride - 1));
+                }
+                // The last run's ids stay exact as JSON numbers (IEEE doubles).
+                assert!(first((1 << 10) - 1) + ((1 << 36) - 1) * stride < 1 << 53);
+                assert_eq!(first(1 << 10), first(0), "the runs start over");
+            }
         }
     }
 }

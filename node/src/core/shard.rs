@@ -36,20 +36,43 @@ struct Waiting {
 }
 
 /// Where a shard sits among its node's `count` shards: its check ids (like its holder's serials)
-/// are `index`, `index + stride`, `index + 2 · stride`, …, so none is given twice and an id's low
-/// bits name its shard (`id & (stride - 1) == index`: no division on the unlock path).
+/// are `first`, `first + stride`, `first + 2 · stride`, …, with `first ≡ index` modulo `stride`, so
+/// none is given twice and an id's low bits name its shard (`id & (stride - 1) == index`: no
+/// division on the unlock path).
+///
+/// Each run of the node starts its ids `RUN_IDS · stride` further on (by its incarnation): a
+/// handle number or check id kept from an earlier run names nothing in this one, rather than a
+/// live handle of the same identity (see [`Place::first`]).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Place {
     pub index: u64,
     pub count: u64,
     /// The power of two at or above `count`.
     pub stride: u64,
+    /// The run's incarnation, modulo [`RUNS`].
+    run: u64,
 }
 
+/// Ids one shard gives out in one run before reaching the next run's first (2^36: a day at a
+/// million a second).
+const RUN_IDS: u64 = 1 << 36;
+
+/// Runs before the ids start over (2^10 restarts): every id stays below
+/// `RUNS · RUN_IDS · stride` ≤ 2^52 for every stride up to [`super::MAX_SHARDS`], so a handle
+/// number is exact as a JSON number in any language (an IEEE double).
+const RUNS: u64 = 1 << 10;
+
+const _: () = assert!(RUNS * RUN_IDS * (super::MAX_SHARDS as u64).next_power_of_two() <= 1 << 52);
+
 impl Place {
-    /// The place of shard `index` of `count`.
-    pub fn new(index: usize, count: usize) -> Place {
-        Place { index: index as u64, count: count as u64, stride: Place::stride(count) }
+    /// The place of shard `index` of `count` in run `incarnation`.
+    pub fn new(index: usize, count: usize, incarnation: u64) -> Place {
+        Place {
+            index: index as u64,
+            count: count as u64,
+            stride: Place::stride(count),
+            run: incarnation % RUNS,
+        }
     }
 
     /// The distance between two ids of one shard among `count`: the power of two at or above it.
@@ -57,9 +80,11 @@ impl Place {
         (count as u64).next_power_of_two()
     }
 
-    /// The first id this shard gives out: `index`, or `stride` for shard 0 (0 is never an id).
+    /// The first id this shard gives out: `index`, or `stride` for shard 0 (0 is never an id),
+    /// plus the run's offset `run · RUN_IDS · stride`.
     pub fn first(self) -> u64 {
-        if self.index == 0 { self.stride } else { self.index }
+        let own = if self.index == 0 { self.stride } else { self.index };
+        own + self.run * RUN_IDS * self.stride
     }
 }
 
