@@ -33,7 +33,7 @@ pub use change::{Change, ChangeError};
 pub use keyhome_ring::NodeId;
 pub use message::{Body, MAX_ROUND, Message, MessageError, Transmit};
 pub use node::{Bugs, Config, EpochNode, Event, ProposeError, Ready};
-pub use record::{EpochRecord, MAX_EPOCH, Member, RecordError, Timing};
+pub use record::{EpochRecord, MAX_CLOCK_RATE_PPM, MAX_EPOCH, Member, RecordError, Timing};
 pub use storage::{Durable, MemStorage, Storage, Write};
 pub use time::Instant;
 pub use view::{EpochView, ViewStamp};

@@ -523,8 +523,15 @@ impl ClientLock {
     /// Extends the lock to `ttl` from now; the deadline becomes this request's send instant
     /// plus the answered `valid_for`, which may be no later than before (the delegation has not
     /// been renewed yet, or the key was recalled).
+    ///
+    /// A renew may also shorten the lock (a `ttl` shorter than the time left), and the node
+    /// applies it as it reads the request: until the answer comes (and if it never does, the call
+    /// failing or dropped) the deadline counts on no more than `ttl` from the send instant, less
+    /// the largest clock-rate margin an epoch may set.
     pub async fn renew(&mut self, ttl: Duration) -> Result<Duration, ClientError> {
         let sent = self.client.clock.now();
+        let shortest = sent + keyhome_epoch::time::rate_shrink(ttl, keyhome_epoch::MAX_CLOCK_RATE_PPM);
+        self.deadline = self.deadline.min(shortest);
         let valid_for = self.client.renew(self.info.handle, ttl).await?;
         self.info.valid_for = valid_for;
         self.deadline = sent + valid_for;

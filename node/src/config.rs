@@ -179,8 +179,17 @@ impl LocalSettings {
         if self.mode > 0o777 {
             return Err(format!("local.mode {:#o} is not a set of permission bits", self.mode));
         }
-        if self.max_connections == 0 || self.max_in_flight == 0 {
-            return Err("local.max_connections and local.max_in_flight must be at least 1".into());
+        if !(1..=MAX_CONNECTIONS).contains(&self.max_connections) {
+            return Err(format!(
+                "local.max_connections = {} is not within 1 to {MAX_CONNECTIONS}",
+                self.max_connections
+            ));
+        }
+        if !(1..=MAX_IN_FLIGHT).contains(&self.max_in_flight) {
+            return Err(format!(
+                "local.max_in_flight = {} is not within 1 to {MAX_IN_FLIGHT}",
+                self.max_in_flight
+            ));
         }
         self.allow.iter().try_for_each(LocalAllow::check)
     }
@@ -270,8 +279,12 @@ pub struct HttpConfig {
     pub max_connections: usize,
 }
 
-/// Most `http.max_connections` a node takes (each is a task and a file descriptor).
-pub const MAX_HTTP_CONNECTIONS: usize = 1 << 20;
+/// Most `http.max_connections` or `local.max_connections` a node takes (each is a task and a file
+/// descriptor).
+pub const MAX_CONNECTIONS: usize = 1 << 20;
+
+/// Most `local.max_in_flight` a node takes (requests in progress on one connection).
+pub const MAX_IN_FLIGHT: usize = 1 << 16;
 
 impl HttpConfig {
     fn default_request_timeout_ms() -> u64 {
@@ -345,11 +358,11 @@ impl NodeConfig {
                     message: "[http] needs `listen` (a TCP address), `unix` (a socket path) or both".into(),
                 });
             }
-            if !(1..=MAX_HTTP_CONNECTIONS).contains(&http.max_connections) {
+            if !(1..=MAX_CONNECTIONS).contains(&http.max_connections) {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
                     message: format!(
-                        "http.max_connections = {} is not within 1 to {MAX_HTTP_CONNECTIONS}",
+                        "http.max_connections = {} is not within 1 to {MAX_CONNECTIONS}",
                         http.max_connections
                     ),
                 });
@@ -545,6 +558,24 @@ mod tests {
             local.allow = vec![bad.clone()];
             assert!(local.check().is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn local_limits_are_bounded_both_ways() {
+        let mut local = LocalSettings::new("s".into(), Vec::new());
+        assert!(local.check().is_ok());
+        // Past the bounds the socket's semaphore or answer queue could not be made (a panic,
+        // so the node would stop at its first local connection).
+        for (connections, in_flight) in
+            [(0, 1), (1, 0), (MAX_CONNECTIONS + 1, 1), (1, MAX_IN_FLIGHT + 1), (usize::MAX, usize::MAX)]
+        {
+            local.max_connections = connections;
+            local.max_in_flight = in_flight;
+            assert!(local.check().is_err(), "{connections} connections, {in_flight} in flight accepted");
+        }
+        local.max_connections = MAX_CONNECTIONS;
+        local.max_in_flight = MAX_IN_FLIGHT;
+        assert!(local.check().is_ok());
     }
 
     #[test]

@@ -47,7 +47,7 @@ impl fmt::Display for Human {
             let text = format!("{}.{:02}", hundredths / 100, hundredths % 100);
             return write!(f, "{} s", text.trim_end_matches('0').trim_end_matches('.'));
         }
-        let secs = d.as_secs() + u64::from(d.subsec_millis() >= 500);
+        let secs = d.as_secs().saturating_add(u64::from(d.subsec_millis() >= 500));
         write!(f, "{}", humantime::format_duration(Duration::from_secs(secs)))
     }
 }
@@ -145,6 +145,9 @@ mod tests {
         ] {
             assert_eq!(Human(d).to_string(), text, "{d:?}");
         }
+        // The longest duration a caller can pass (a timeout of `Duration::MAX`) shows, rather
+        // than overflow as it rounds up (a panic: the node stops).
+        assert!(Human(Duration::MAX).to_string().ends_with('s'));
     }
 
     #[test]

@@ -238,15 +238,21 @@ async fn write_frames(
     'frames: while let Some(frame) = frames.recv().await {
         let mut next = Some(frame);
         while let Some(frame) = next {
-            match frame_bytes(&frame) {
-                Ok(bytes) => {
-                    // A failed `feed` buffered nothing of this frame (the earlier ones' write failed).
-                    if sink.feed(bytes).await.is_err() {
-                        unsent(&frame);
-                        break 'frames;
-                    }
+            let (bytes, whole) = match sendable(&frame) {
+                Ok(bytes) => (Some(bytes), true),
+                Err(replacement) => (replacement, false),
+            };
+            if !whole {
+                unsent(&frame);
+            }
+            // A failed `feed` buffered nothing of this frame (the earlier ones' write failed).
+            if let Some(bytes) = bytes
+                && sink.feed(bytes).await.is_err()
+            {
+                if whole {
+                    unsent(&frame);
                 }
-                Err(e) => tracing::warn!("cannot encode a local answer: {e}"),
+                break 'frames;
             }
             next = frames.try_recv().ok();
         }
@@ -258,6 +264,27 @@ async fn write_frames(
     frames.close();
     while let Some(frame) = frames.recv().await {
         unsent(&frame);
+    }
+}
+
+/// The bytes of `frame`, if the codec takes them; else what goes instead: an answer too large for
+/// a frame becomes an error answer to its call (the codec would refuse it, and with it the write
+/// of the answers buffered before it), any other frame nothing.
+fn sendable(frame: &LocalFrame) -> Result<bytes::Bytes, Option<bytes::Bytes>> {
+    let unsendable = match frame_bytes(frame) {
+        Ok(bytes) if bytes.len() <= MAX_CLIENT_FRAME => return Ok(bytes),
+        Ok(bytes) => {
+            format!("the answer is {} bytes, more than a frame takes ({MAX_CLIENT_FRAME})", bytes.len())
+        }
+        Err(e) => format!("the answer cannot be encoded: {e}"),
+    };
+    tracing::warn!("a local frame is not sent: {unsendable}");
+    match frame {
+        LocalFrame::Answer { id, .. } => {
+            let error = ApiError::new(ErrorKind::Unavailable, unsendable);
+            Err(frame_bytes(&LocalFrame::Answer { id: *id, response: Response::Error(error) }).ok())
+        }
+        _ => Err(None),
     }
 }
 
@@ -313,6 +340,13 @@ impl Connection {
     /// Starts call `id`: answers it if it completes at once, else leaves it running. False once
     /// the connection's writer is gone.
     async fn call(&mut self, id: u64, request: Request) -> bool {
+        // Its answer could not be told from the first one's, and the first could no longer be
+        // cancelled or withdrawn at close.
+        if self.waiting.get(&id).is_some_and(|task| !task.is_finished()) {
+            let error = ApiError::new(ErrorKind::Invalid, format!("call id {id} is already in flight"));
+            let _ = self.out.send(LocalFrame::Refused(error)).await;
+            return false;
+        }
         if let Request::Subscribe = request {
             return self.subscribe(id).await;
         }
@@ -346,12 +380,16 @@ impl Connection {
     /// withdrawn (the answer's future is dropped, as a `Cancel` drops it). A cast never stays in
     /// flight, so it takes no in-flight slot. False once the connection is to end.
     async fn cast(&mut self, request: Request) -> bool {
+        // A cast takes no in-flight slot, so only what ends or extends one handle at once (under
+        // one shard's lock) may be one: a check or a status could be cast without bound.
         let refusal = match request {
-            Request::Subscribe => Some("Subscribe cannot be a Cast: its events follow its answer"),
+            Request::Unlock { .. } | Request::GiveBack { .. } | Request::Renew { .. } => None,
             Request::Lock { .. } | Request::Relock { .. } => {
                 Some("a lock cannot be a Cast: its answer names the handle to unlock")
             }
-            _ => None,
+            _ => {
+                Some("this request cannot be a Cast: only Unlock, GiveBack and Renew can (send it as a call)")
+            }
         };
         if let Some(refusal) = refusal {
             let _ = self.out.send(LocalFrame::Refused(ApiError::new(ErrorKind::Invalid, refusal))).await;
@@ -422,4 +460,32 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
         })
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer too large for a frame goes as an error answer to its call, so the writer never
+    /// hands the codec a frame it refuses (which would lose the answers buffered before it).
+    #[test]
+    fn an_answer_too_large_for_a_frame_becomes_an_error_to_its_call() {
+        let mut status = crate::status::example();
+        status.recent_epochs = vec![crate::status::RecentEpoch {
+            epoch: 1,
+            members: vec![7; MAX_CLIENT_FRAME],
+            ago: Duration::ZERO,
+        }];
+        let frame = LocalFrame::Answer { id: 9, response: Response::Status(Box::new(status)) };
+        let replacement = sendable(&frame).expect_err("too large").expect("an error answer");
+        match wire::decode::<LocalFrame>(&replacement) {
+            Ok(LocalFrame::Answer { id: 9, response: Response::Error(e) }) => {
+                assert_eq!(e.kind, ErrorKind::Unavailable);
+                assert!(e.message.contains("more than a frame takes"), "{}", e.message);
+            }
+            other => panic!("the replacement is {other:?}"),
+        }
+        let small = LocalFrame::Answer { id: 9, response: Response::Unlocked };
+        assert!(sendable(&small).is_ok());
+    }
 }

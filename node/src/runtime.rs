@@ -539,8 +539,11 @@ impl Node {
     pub async fn shutdown(mut self, drain: Duration) {
         let shared = Arc::clone(&self.shared);
         shared.with_core(|core, now, out| core.shutdown(now, out));
-        let deadline = tokio::time::Instant::now() + drain;
-        while tokio::time::Instant::now() < deadline && (shared.core.has_handles() || !shared.links_idle()) {
+        // `None`: a drain too long to count (`Duration::MAX`) waits for the handles alone.
+        let deadline = tokio::time::Instant::now().checked_add(drain);
+        while deadline.is_none_or(|d| tokio::time::Instant::now() < d)
+            && (shared.core.has_handles() || !shared.links_idle())
+        {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         tokio::time::sleep(Duration::from_millis(20).min(drain)).await;

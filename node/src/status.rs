@@ -129,9 +129,17 @@ pub struct Status {
 /// Entries each list of [`Status`] shows at most.
 pub const LISTED: usize = 20;
 
-/// A key as status shows it: its bytes, with anything but printable ASCII escaped (`\xNN`).
+/// Most bytes of a key that status shows: its lists stay far below a client frame
+/// ([`crate::wire::MAX_CLIENT_FRAME`]) whatever keys clients lock.
+pub const SHOWN_KEY_BYTES: usize = 128;
+
+/// A key as status shows it: its bytes, with anything but printable ASCII escaped (`\xNN`); past
+/// [`SHOWN_KEY_BYTES`] bytes, its start followed by `…` and its length.
 pub fn show_key(key: &[u8]) -> String {
-    key.escape_ascii().to_string()
+    match key.get(..SHOWN_KEY_BYTES) {
+        Some(start) if start.len() < key.len() => format!("{}…({} bytes)", start.escape_ascii(), key.len()),
+        _ => key.escape_ascii().to_string(),
+    }
 }
 
 /// A contended key (see [`crate::hotkeys`]).
@@ -382,6 +390,33 @@ pub(crate) fn example() -> Status {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// Any client can make a node list its keys (contend for them, queue on them): with every
+    /// list full of the longest binary keys a node takes, the status answer still fits a frame.
+    #[test]
+    fn a_status_full_of_the_longest_binary_keys_fits_a_client_frame() {
+        let longest = vec![0xff_u8; keyhome_delegation::Limits::default().max_key_len];
+        let shown = show_key(&longest);
+        assert!(shown.starts_with("\\xff\\xff") && shown.ends_with("…(1024 bytes)"), "{shown}");
+        assert_eq!(show_key(&longest[..SHOWN_KEY_BYTES]), "\\xff".repeat(SHOWN_KEY_BYTES), "shown whole");
+        let mut status = example();
+        status.hot_keys = vec![HotKey { key: shown.clone(), waits: u64::MAX, recalls: u64::MAX }; LISTED];
+        status.lock_delayed =
+            vec![DelayedKey { key: shown.clone(), left: Duration::from_secs(1 << 40) }; LISTED];
+        let waiting = WaitingKey {
+            key: shown,
+            home: Some(u64::MAX),
+            locks: usize::MAX,
+            waiting_for: Duration::from_secs(1 << 40),
+            stalled: true,
+        };
+        status.waiting = vec![waiting; LISTED];
+        let answer = crate::wire::Response::Status(Box::new(status));
+        let frame = crate::wire::encode(&answer, crate::wire::MAX_CLIENT_FRAME);
+        assert!(frame.is_ok(), "{:?}", frame.map(|f| f.len()));
+    }
+
     #[test]
     fn the_text_names_the_problems_and_their_fixes() {
         let text = super::example().to_string();

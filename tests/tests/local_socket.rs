@@ -368,13 +368,37 @@ async fn a_cast_gets_no_answer_and_locks_and_subscriptions_cannot_be_casts() {
     let other = cluster.client(2).await;
     let freed = other.lock(&held, TTL, PATIENCE).await.expect("the cast unlock freed the key");
     assert!(!freed.recovered(), "the cast unlock did not end the handle");
+    let freed_token = freed.token();
+    // A call id already in flight is refused, and the connection ends: the call waiting under it
+    // is withdrawn (its answer could not be told from the second one's, nor could it be cancelled).
+    let mut twice = raw_connection(&cluster.local_socket(1));
+    let waiting = LocalRequest::Call {
+        id: 5,
+        request: Request::Lock { key: held.clone(), ttl: OUTLIVES, wait: PATIENCE },
+    };
+    send_frame(&mut twice, &waiting);
+    send_frame(&mut twice, &waiting);
+    match read_frame(&mut twice) {
+        Some(LocalFrame::Refused(e)) => {
+            assert!(e.message.contains("call id 5 is already in flight"), "{e:?}")
+        }
+        other => panic!("a second call 5 answered {other:?}"),
+    }
+    assert!(read_frame::<LocalFrame>(&mut twice).is_none(), "the node closes the connection");
     freed.unlock(None).await.expect("unlock");
+    let next = other
+        .lock(&held, TTL, Duration::from_secs(2))
+        .await
+        .expect("the withdrawn call did not take the key");
+    next.unlock(None).await.expect("unlock");
 
-    // A cast Subscribe could never be answered, nor a cast lock name its handle: the node
-    // refuses the frame and closes.
+    // A cast Subscribe could never be answered, nor a cast lock name its handle; a cast takes no
+    // in-flight slot, so a check (a message to the key's home, a pending entry) or a status (every
+    // shard locked) could be cast without bound: the node refuses the frame and closes.
     let lock = Request::Lock { key: held.clone(), ttl: OUTLIVES, wait: PATIENCE };
     let relock = Request::Relock { handle, note: None, key: held.clone(), ttl: OUTLIVES, wait: PATIENCE };
-    for request in [Request::Subscribe, lock, relock] {
+    let check = Request::Check { key: held.clone(), token: freed_token };
+    for request in [Request::Subscribe, lock, relock, check, Request::Status] {
         let name = request.name();
         send_frame(&mut stream, &LocalRequest::Cast { request });
         match read_frame(&mut stream) {
@@ -574,6 +598,19 @@ async fn a_handle_given_back_frees_its_key_with_the_handoff_it_got() {
     next.unlock(None).await.expect("unlock");
 }
 
+/// A fake node's side of a connection from the Rust client: accepted, greeted with a hello.
+fn fake_node_accepts(listener: &std::os::unix::net::UnixListener) -> std::os::unix::net::UnixStream {
+    let (mut stream, _) = listener.accept().expect("accept");
+    stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+    let hello = keyhome::wire::LocalHello {
+        node: NodeId(1),
+        identity: "client-app.keyhome".into(),
+        protocols: keyhome::wire::LOCAL_PROTOCOLS,
+    };
+    send_frame(&mut stream, &LocalFrame::Hello(hello));
+    stream
+}
+
 /// The Rust client gives back a lock its caller stopped waiting for, whenever the answer comes: a
 /// fake node answers one lock only after the client cancelled it, and another one before the
 /// caller, still waiting but no longer polled, drops its future.
@@ -599,14 +636,7 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
     let (go_tx, go_rx) = oneshot::channel::<()>();
     let (first_tx, first_rx) = oneshot::channel::<LocalRequest>();
     let node = tokio::task::spawn_blocking(move || {
-        let (mut stream, _) = listener.accept().expect("accept");
-        stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
-        let hello = keyhome::wire::LocalHello {
-            node: NodeId(1),
-            identity: "client-app.keyhome".into(),
-            protocols: keyhome::wire::LOCAL_PROTOCOLS,
-        };
-        send_frame(&mut stream, &LocalFrame::Hello(hello));
+        let mut stream = fake_node_accepts(&listener);
         // 1. Answered after the client's Cancel: the answer's id is no longer pending.
         let id = lock_id(request(&mut stream));
         let _ = seen_tx.send(());
@@ -651,4 +681,42 @@ async fn the_client_gives_back_a_lock_answered_after_its_caller_left() {
         vec![format!("{:?}", give_back(42)), format!("{:?}", LocalRequest::Cancel { id: second })];
     expected.sort();
     assert_eq!(rest, expected, "a lock answered before its caller left: cancelled and given back");
+}
+
+/// A renew that shortens a lock is applied by the node as it reads it: the client's deadline
+/// shortens when the renew is sent, so a renew whose answer never comes (the call dropped here)
+/// leaves no deadline later than the node's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renew_left_unanswered_already_shortened_the_deadline() {
+    use tokio::sync::oneshot;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("node.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let (seen_tx, seen_rx) = oneshot::channel::<()>();
+    let node = tokio::task::spawn_blocking(move || {
+        let mut stream = fake_node_accepts(&listener);
+        match read_frame(&mut stream) {
+            Some(LocalRequest::Call { id, request: Request::Lock { .. } }) => {
+                send_frame(&mut stream, &LocalFrame::Answer { id, response: fake_node::locked(41, TTL) });
+            }
+            other => panic!("expected a lock call, got {other:?}"),
+        }
+        match read_frame(&mut stream) {
+            Some(LocalRequest::Call { request: Request::Renew { handle: 41, .. }, .. }) => {}
+            other => panic!("expected the renew of handle 41, got {other:?}"),
+        }
+        let _ = seen_tx.send(()); // and never answered
+        while read_frame::<LocalRequest>(&mut stream).is_some() {}
+    });
+
+    let client = Client::connect_local(&socket).await.expect("connect to the fake node");
+    let mut lock = client.lock(b"k", TTL, PATIENCE).await.expect("the fake node's lock");
+    assert!(lock.remaining() > Duration::from_secs(10), "{:?}", lock.remaining());
+    let shorter = Duration::from_secs(1);
+    fake_node::pending_until_seen(std::pin::pin!(lock.renew(shorter)), seen_rx).await;
+    assert!(lock.remaining() <= shorter, "{:?} left after a renew to {shorter:?}", lock.remaining());
+    let _ = lock.forget();
+    drop(client);
+    tokio::time::timeout(PATIENCE, node).await.expect("the client went").expect("the fake node");
 }

@@ -131,11 +131,18 @@ impl LocalConn {
                 rx
             })
         };
-        match (self.call(Request::Subscribe).await?, rx) {
-            (Response::Subscribed, Some(rx)) => Ok(rx),
-            (Response::Error(e), _) => Err(ClientError::Api(e)),
-            _ => Err(ClientError::Unexpected),
+        let ours = rx.is_some();
+        let failed = match (self.call(Request::Subscribe).await, rx) {
+            (Ok(Response::Subscribed), Some(rx)) => return Ok(rx),
+            (Ok(Response::Error(e)), _) => ClientError::Api(e),
+            (Err(e), _) => e,
+            _ => ClientError::Unexpected,
+        };
+        // A failed subscription leaves the connection's events to a later one.
+        if ours {
+            lock(&self.state).events = None;
         }
+        Err(failed)
     }
 }
 
