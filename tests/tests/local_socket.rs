@@ -720,3 +720,58 @@ async fn a_renew_left_unanswered_already_shortened_the_deadline() {
     drop(client);
     tokio::time::timeout(PATIENCE, node).await.expect("the client went").expect("the fake node");
 }
+
+/// The socket a stranger's fake node binds, for [`fake_node_of_a_stranger`].
+const STRANGER_SOCKET: &str = "KEYHOME_TEST_STRANGER_SOCKET";
+
+/// Not a test of its own: [`a_socket_bound_by_a_stranger_is_not_taken_for_the_node`] runs it as
+/// the uid [`STRANGER`]. Binds the socket `STRANGER_SOCKET` names and greets whoever connects as a
+/// node would, until it is killed.
+#[test]
+#[ignore = "run by a_socket_bound_by_a_stranger_is_not_taken_for_the_node"]
+fn fake_node_of_a_stranger() {
+    let Some(path) = std::env::var_os(STRANGER_SOCKET) else { return };
+    let listener = std::os::unix::net::UnixListener::bind(path).expect("bind");
+    loop {
+        let _stream = fake_node_accepts(&listener);
+    }
+}
+
+/// A process of another uid that binds the socket path (here in a directory anyone may write to;
+/// also the moment a restarting node has removed its socket) is not taken for the node: the
+/// client refuses it before reading its hello, where it could have made up tokens and deadlines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(setpriv) = ["/usr/bin/setpriv", "/bin/setpriv"].into_iter().find(|p| Path::new(p).exists())
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("a shared directory");
+    let socket = dir.path().join("node.sock");
+    let mut fake = std::process::Command::new(setpriv)
+        .args(["--reuid", &STRANGER.to_string(), "--regid", &STRANGER.to_string(), "--clear-groups"])
+        .arg(std::env::current_exe().expect("this test binary"))
+        .args(["--exact", "fake_node_of_a_stranger", "--ignored"])
+        .env(STRANGER_SOCKET, &socket)
+        .current_dir("/")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("run setpriv");
+    let bound = Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(bound.elapsed() < PATIENCE, "the stranger's fake node did not bind {}", socket.display());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let result = Client::connect_local(&socket).await;
+    let _ = fake.kill();
+    let _ = fake.wait();
+    let err = result.err().expect("the stranger's socket was taken for the node");
+    let text = err.to_string();
+    assert!(matches!(err, ClientError::LocalConnect { .. }), "{text}");
+    assert!(
+        text.contains(&format!("runs as uid {STRANGER}")) && text.contains("not taken for a keyhome node"),
+        "{text}"
+    );
+}

@@ -46,12 +46,34 @@ struct State {
     closed: Option<String>,
 }
 
+/// Whether the process behind `stream`, connected to the socket at `path`, may be taken for a
+/// node: it runs as root, as this process's uid, or as the owner of the socket's directory.
+/// Anyone else who could bind the path (a directory others may write to, the moment a restarting
+/// node has removed its socket) could answer as a node with made-up tokens and deadlines; QUIC's
+/// node certificate rules that out on the network.
+fn trusted(stream: &UnixStream, path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let server = stream.peer_cred().map_err(|e| format!("cannot read the node's credentials: {e}"))?.uid();
+    let own = rustix::process::getuid().as_raw();
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir_owner = std::fs::metadata(dir).map(|m| m.uid()).ok();
+    if server == 0 || server == own || dir_owner == Some(server) {
+        return Ok(());
+    }
+    Err(format!(
+        "the process on it runs as uid {server}: neither root, this process's uid ({own}) nor the \
+         owner of {}; it is not taken for a keyhome node",
+        dir.display()
+    ))
+}
+
 impl LocalConn {
     /// Connects to the socket at `path` and reads the node's hello, within `timeout`.
     pub(super) async fn connect(path: &Path, timeout: Duration) -> Result<LocalConn, ClientError> {
         let refused = |reason: String| ClientError::LocalConnect { path: path.to_path_buf(), reason };
         let open = async {
             let stream = UnixStream::connect(path).await.map_err(|e| refused(e.to_string()))?;
+            trusted(&stream, path).map_err(refused)?;
             let (read, write) = stream.into_split();
             let mut frames = FramedRead::new(read, codec());
             let first = match frames.next().await {
