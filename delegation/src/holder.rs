@@ -1123,6 +1123,11 @@ impl Holder {
         let early = e.early_recall.take().filter(|early| early.grantee == g.grantee).map(|early| *early);
         let lease = g.lease.min(r.lease);
         let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
+        // A handle already past its deadline (the timer runs late) ends before the grant is taken
+        // in: its expiry clears the key's note, which from here on may be the one this grant brings.
+        if e.local.as_ref().is_some_and(|l| now >= l.deadline) {
+            io.expire_handle(slot, e);
+        }
         match (&mut e.deleg, r.held) {
             (Some(d), Some(held)) if held == d.grantee => {
                 // Renewal: the deadline again counts from this request's send instant, but never
@@ -1143,6 +1148,7 @@ impl Holder {
                         d.next_seq = 0;
                         d.fresh = true;
                         d.recovered = g.recovered;
+                        d.unclean = false;
                         e.note = g.note;
                     }
                     d.home = from;

@@ -746,6 +746,34 @@ fn a_renewal_answered_with_a_new_delegation_passes_on_the_grants_handoff() {
     assert_eq!(one_release_flagged(&mut h), (HOME, b"k".to_vec(), grantee(7), None, true));
 }
 
+/// A renewal answered with a newer grantee whose handoff note arrives while this holder's old
+/// handle is past its deadline but not yet expired (the node's timer runs late): the old handle
+/// is expired first, so its expiry (which clears the key's note: its owner may have written
+/// without leaving one) does not take the note the grant brought from the key's holder in between.
+/// Nobody here wants the key, so the grant goes back at once with that note and flag.
+#[test]
+fn a_grants_note_outlives_an_old_handle_expired_late() {
+    let auth = Script::new();
+    let mut h = holder();
+    let (a, _) = acquire(&mut h, &auth, at(0), b"k", 1);
+    tick(&mut h, &auth, at(5_000));
+    let renewal = one_request(&mut h);
+    // The handle's deadline (the delegation's, 10 s) passes; the timer has not run yet.
+    h.handle_message(
+        at(10_500),
+        HOME,
+        grant(b"k", renewal.id, grantee(7), secs(10), Some(b"theirs"), false),
+        &auth,
+    );
+    tick(&mut h, &auth, at(10_600));
+    assert_eq!(
+        one_release_flagged(&mut h),
+        (HOME, b"k".to_vec(), grantee(7), Some(b"theirs".to_vec()), false)
+    );
+    let expired: Vec<_> = events(&mut h).into_iter().filter(|e| matches!(e, Event::Expired { .. })).collect();
+    assert_eq!(expired, vec![Event::Expired { handle: a.id, key: b"k".to_vec() }]);
+}
+
 /// Defect (c): a renewal's grant that arrives after the delegation expired is handed back flagged
 /// `recovered`, even when it arrives after the expired delegation's own lease would have ended
 /// (the renewal asked for more).
