@@ -414,12 +414,16 @@ struct Local {
     token: FencingToken,
 }
 
-/// How a live handle ends ([`Holder::end`]).
-enum Ending {
-    /// Unlocked by its holder, leaving this note for the next one.
+/// How a live handle ends ([`Holder::end`]): what the key's next holder is told.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Unlocked by its holder, leaving this note for the next one: a clean handoff.
     Unlocked(Option<Vec<u8>>),
-    /// Given back unused: the next holder gets this handle's handoff.
+    /// Given back unused: the next holder gets this handle's handoff (its note and flag).
     GivenBack,
+    /// Left by its holder without a handoff (it may have stopped halfway: a panic, a note the
+    /// node refused): the next holder is told `recovered`, with no note, as after an expiry.
+    Abandoned,
 }
 
 #[derive(Debug)]
@@ -665,9 +669,6 @@ impl Holder {
     /// for [`Holder::renew`].
     #[inline]
     pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
-        if note.as_ref().is_some_and(|n| n.len() > self.config.limits.max_note_len) {
-            return Err(LockError::NoteTooLarge);
-        }
         self.end(now, handle, Ending::Unlocked(note))
     }
 
@@ -679,24 +680,34 @@ impl Holder {
         self.end(now, handle, Ending::GivenBack)
     }
 
-    /// Ends a live handle as `ending` says.
+    /// Ends a live handle as `ending` says ([`Holder::unlock`], [`Holder::give_back`], or
+    /// [`Ending::Abandoned`]); an unlock's note is checked as [`Holder::unlock`] says.
     #[inline]
-    fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
+    pub fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
+        if let Ending::Unlocked(Some(note)) = &ending
+            && note.len() > self.config.limits.max_note_len
+        {
+            return Err(LockError::NoteTooLarge);
+        }
         let slot = self.live(now, handle)?;
         let e = self.slots[slot as usize].as_mut().expect("live handle has an entry");
         e.local = None;
         // An unlock is a clean handoff with its own note; a give-back leaves the key's note and
-        // `unclean` as this handle found them.
-        let unlocked = match ending {
+        // `unclean` as this handle found them; an abandoned handle leaves neither.
+        let unclean = match ending {
             Ending::Unlocked(note) => {
                 e.note = note;
-                true
+                Some(false)
             }
-            Ending::GivenBack => false,
+            Ending::GivenBack => None,
+            Ending::Abandoned => {
+                e.note = None;
+                Some(true)
+            }
         };
         if let Some(d) = e.deleg.as_mut() {
-            if unlocked {
-                d.unclean = false;
+            if let Some(unclean) = unclean {
+                d.unclean = unclean;
             }
             d.last_activity = now;
             d.active = true;

@@ -27,8 +27,8 @@ pub use bugs::Bugs;
 pub use check::CheckAnswer;
 pub use guard::{Stale, TokenGuard};
 pub use holder::{
-    DelegationInfo, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError, LockOutcome,
-    Serials, Ticket,
+    DelegationInfo, Ending, Event as HolderEvent, Handle, HandleId, Holder, HolderConfig, LockError,
+    LockOutcome, Serials, Ticket,
 };
 pub use home::{Delegation, Home, HomeConfig, HomeCounters, KeyStatus};
 pub use keyhash::{HashedKey, KeyHasher};

@@ -17,7 +17,6 @@
 
 use std::time::{Duration, Instant};
 
-use keyhome::config::{LockSettings, NodeConfig};
 use keyhome::{Node, setup};
 use keyhome_epoch::Timing;
 
@@ -39,18 +38,12 @@ fn main() {
 
 async fn run(pairs: usize, rounds: usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = (20_000..60_000)
-        .step_by(97)
-        .find(|&p| std::net::UdpSocket::bind(("127.0.0.1", p)).is_ok())
-        .expect("a free port");
     let timing = Timing {
         home_lease: Duration::from_secs(2),
         max_delegation_lease: Duration::from_secs(5),
         clock_rate_ppm: 10_000,
     };
-    let configs = setup::dev_cluster(dir.path(), 1, port, timing, &LockSettings::default()).expect("layout");
-    let mut config = NodeConfig::load(&configs[0]).expect("config");
-    config.http = None;
+    let mut config = setup::embedded_dev_node(dir.path(), timing).expect("layout");
     config.shards = 2;
     let node = Node::start(config).await.expect("node starts");
     let ready = Instant::now();

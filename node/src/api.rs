@@ -421,7 +421,7 @@ fn unlock_handle(
 fn give_back_handle(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) -> Result<(), ApiError> {
     shared.with_core(|core, now, out| {
         let h = core.claim(handle, owner).map_err(claim_error)?;
-        core.give_back(now, h, out).map_err(lock_error)
+        core.end(now, h, keyhome_delegation::Ending::GivenBack, out).map_err(lock_error)
     })
 }
 

@@ -475,7 +475,8 @@ impl Events {
     }
 }
 
-/// A lock held through a [`Client`]. Dropping it unlocks in the background (without a note).
+/// A lock held through a [`Client`]. Dropping it unlocks in the background (without a note),
+/// except while its thread panics (see its `Drop`).
 #[must_use = "dropping the lock unlocks it"]
 pub struct ClientLock {
     client: Client,
@@ -538,7 +539,9 @@ impl ClientLock {
         Ok(valid_for)
     }
 
-    /// Unlocks, leaving `note` for the next holder.
+    /// Unlocks, leaving `note` for the next holder. A note the node refuses as too large
+    /// (`Invalid`) leaves the lock held: unlock it by number ([`Client::unlock`] with
+    /// [`ClientLock::handle`], read before) with a shorter note.
     pub async fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), ClientError> {
         self.done = true;
         self.client.unlock(self.info.handle, note).await
@@ -591,8 +594,11 @@ impl ClientLock {
 }
 
 impl Drop for ClientLock {
+    /// Unlocks in the background, without a note; while the thread panics (the critical section
+    /// stopped halfway), leaves the lock to run out at its deadline instead, so that the next
+    /// holder is told `recovered` rather than of a clean handoff.
     fn drop(&mut self) {
-        if self.done {
+        if self.done || std::thread::panicking() {
             return;
         }
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyhome_delegation::{CheckAnswer, FencingToken, LockError};
+use keyhome_delegation::{CheckAnswer, Ending, FencingToken, LockError};
 use keyhome_epoch::{Change, ProposeError};
 use tokio::sync::oneshot;
 
@@ -85,8 +85,8 @@ impl Node {
     }
 }
 
-/// A held lock, borrowing its node. Dropping it unlocks (without a note); [`LockGuard::unlock`]
-/// leaves one.
+/// A held lock, borrowing its node. Dropping it unlocks (without a note), except while its thread
+/// panics: then the next holder is told `recovered`. [`LockGuard::unlock`] leaves a note.
 #[must_use = "dropping the guard unlocks at once"]
 pub struct LockGuard<'a> {
     shared: &'a Arc<Shared>,
@@ -136,20 +136,34 @@ impl<'a> LockGuard<'a> {
         Ok(self.valid_for())
     }
 
-    /// Unlocks, leaving `note` for the next holder.
+    /// Unlocks, leaving `note` for the next holder. A note longer than the node takes fails with
+    /// [`LockError::NoteTooLarge`] and ends the lock as abandoned: the next holder is told
+    /// `recovered`, with no note, since the handoff you meant did not happen.
     pub fn unlock(mut self, note: Option<Vec<u8>>) -> Result<(), LockError> {
         self.done = true;
         let handle = self.handle.id;
-        self.shared.with_core(|core, now, out| core.unlock(now, handle, note, out))
+        self.shared.with_core(|core, now, out| {
+            let result = core.unlock(now, handle, note, out);
+            if let Err(LockError::NoteTooLarge) = result {
+                let _ = core.end(now, handle, Ending::Abandoned, out);
+            }
+            result
+        })
     }
 }
 
 impl Drop for LockGuard<'_> {
+    /// Unlocks without a note; while the thread panics (the critical section stopped halfway),
+    /// ends the lock as abandoned instead, so the next holder is told `recovered`.
     #[inline]
     fn drop(&mut self) {
         if !self.done {
             let handle = self.handle.id;
-            let _ = self.shared.with_core(|core, now, out| core.unlock(now, handle, None, out));
+            if std::thread::panicking() {
+                let _ = self.shared.with_core(|core, now, out| core.end(now, handle, Ending::Abandoned, out));
+            } else {
+                let _ = self.shared.with_core(|core, now, out| core.unlock(now, handle, None, out));
+            }
         }
     }
 }

@@ -321,6 +321,21 @@ pub fn dev_cluster(
     local_cluster(cluster, nodes, addr, |i| addr(i).to_string(), false, timing, locks)
 }
 
+/// A one-node [`dev_cluster`] in `cluster`, on the first 127.0.0.1 port from 20 000 that is free
+/// now, without the HTTP API: the node is its keys' own home, for a program (or a test, or a
+/// bench) that embeds it. Returns its configuration, loaded.
+pub fn embedded_dev_node(cluster: &Path, timing: Timing) -> Result<NodeConfig, SetupError> {
+    let free = |port: &u16| std::net::UdpSocket::bind(("127.0.0.1", *port)).is_ok();
+    let port = (20_000..60_000).step_by(97).find(free).ok_or_else(|| SetupError::Io {
+        path: cluster.to_path_buf(),
+        source: std::io::Error::new(std::io::ErrorKind::AddrInUse, "no free port on 127.0.0.1"),
+    })?;
+    let configs = dev_cluster(cluster, 1, port, timing, &LockSettings::default())?;
+    let mut config = NodeConfig::load(&configs[0])?;
+    config.http = None;
+    Ok(config)
+}
+
 /// Like [`dev_cluster`], with node `i` listening on `listen(i)` while the genesis tells its peers
 /// to reach it at `advertised(i)` (a name for the same socket, or with `relayed`, a relay in
 /// front of it). Clients' profiles point at node 1's advertised address, or with `relayed`, at its

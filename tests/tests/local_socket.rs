@@ -775,3 +775,47 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
         "{text}"
     );
 }
+
+/// A `ClientLock` dropped while its thread panics (the critical section stopped halfway) is not
+/// unlocked, which would tell the next holder of a clean handoff: it runs out at its deadline and
+/// the next holder is told `recovered`. The fake node hears no unlock of it before the client goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_dropped_in_a_panic_is_not_unlocked() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("node.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    let node = tokio::task::spawn_blocking(move || {
+        let mut stream = fake_node_accepts(&listener);
+        let mut heard = Vec::new();
+        while let Some(request) = read_frame::<LocalRequest>(&mut stream) {
+            if let LocalRequest::Call { id, request } = &request {
+                let response = match request {
+                    Request::Lock { .. } => fake_node::locked(41, TTL),
+                    _ => Response::Unlocked,
+                };
+                send_frame(&mut stream, &LocalFrame::Answer { id: *id, response });
+            }
+            heard.push(request);
+        }
+        heard
+    });
+
+    let client = Client::connect_local(&socket).await.expect("connect to the fake node");
+    let lock = client.lock(b"k", TTL, PATIENCE).await.expect("the fake node's lock");
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = lock;
+        panic!("the critical section stopped halfway");
+    }));
+    assert!(panicked.is_err());
+    client.unlock(7, None).await.expect("the fake node answers");
+    drop(client); // the fake node reads on until every clone of the client (a background unlock's too) is gone
+    let heard = tokio::time::timeout(PATIENCE, node).await.expect("the client went").expect("the fake node");
+    let unlocks: Vec<u64> = heard
+        .iter()
+        .filter_map(|r| match r {
+            LocalRequest::Call { request: Request::Unlock { handle, .. }, .. } => Some(*handle),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(unlocks, vec![7], "the lock dropped in the panic was unlocked");
+}

@@ -25,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use keyhome_delegation::{Handle, LockError, Ticket};
+use keyhome_delegation::{Ending, Handle, LockError, Ticket};
 use keyhome_epoch::Instant;
 
 use super::{Core, Sink};
@@ -113,9 +113,9 @@ pub fn withdraw(
 }
 
 /// Ends `handle`, admitted for a caller that is gone, as if it had never been admitted: the next
-/// holder gets its note and its `recovered` flag ([`Core::give_back`]).
+/// holder gets its note and its `recovered` flag ([`Ending::GivenBack`]).
 pub fn give_back(core: &Core, now: Instant, handle: Handle, out: &mut impl Sink) {
     // Nobody else knows the handle, so it is live unless it expired or the node stopped
     // meanwhile (a give-back fails for nothing else); the key is free either way.
-    let _ = core.give_back(now, handle.id, out);
+    let _ = core.end(now, handle.id, Ending::GivenBack, out);
 }

@@ -67,7 +67,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use keyhome_delegation::{
-    CheckAnswer, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, Home, HomeConfig,
+    CheckAnswer, Ending, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, Home, HomeConfig,
     HomeCounters, KeyHasher, LockError, LockOutcome, Message as DMessage, Refusal, Serials, Ticket,
 };
 use keyhome_epoch::time::earliest;
@@ -474,10 +474,16 @@ impl Core {
         self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.unlock(now, handle, note))
     }
 
-    /// Ends a live handle under which nothing was done: its caller went away before it saw it
-    /// (see [`Holder::give_back`]).
-    pub fn give_back(&self, now: Instant, handle: HandleId, out: &mut impl Sink) -> Result<(), LockError> {
-        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.give_back(now, handle))
+    /// Ends a live handle as `ending` says: given back, nothing done under it (its caller went
+    /// away before it saw it), or abandoned (see [`Ending`]).
+    pub fn end(
+        &self,
+        now: Instant,
+        handle: HandleId,
+        ending: Ending,
+        out: &mut impl Sink,
+    ) -> Result<(), LockError> {
+        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.end(now, handle, ending))
     }
 
     /// The live client handle with serial number `serial`, for a connection of `owner`'s

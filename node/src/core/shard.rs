@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, HolderEvent, Home,
-    HomeConfig, LockError, LockOutcome, Message as DMessage, Ticket,
+    Body as DBody, Ending, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, HolderEvent,
+    Home, HomeConfig, LockError, LockOutcome, Message as DMessage, Ticket,
 };
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{EpochView, Instant, NodeId};
@@ -294,9 +294,9 @@ impl Shard {
         self.ended(now, handle, result)
     }
 
-    /// See [`Holder::give_back`].
-    pub fn give_back(&mut self, now: Instant, handle: HandleId) -> Result<(), LockError> {
-        let result = self.holder.give_back(now, handle);
+    /// See [`Holder::end`].
+    pub fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
+        let result = self.holder.end(now, handle, ending);
         self.ended(now, handle, result)
     }
 
