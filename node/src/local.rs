@@ -71,6 +71,8 @@ pub enum LocalError {
     InUse(PathBuf),
     #[error("{0} exists and is not a socket; refusing to replace it")]
     NotASocket(PathBuf),
+    #[error("cannot tell whether the local socket {path} is in use ({source}); refusing to replace it")]
+    Unknown { path: PathBuf, source: io::Error },
 }
 
 /// The frame codec of both sides: a 4-byte big-endian length, then the body.
@@ -89,7 +91,10 @@ pub(crate) struct LocalListener {
 }
 
 impl LocalListener {
-    /// Binds `settings.socket`, replacing a stale socket file (one nobody answers on).
+    /// Binds `settings.socket`, replacing a stale socket file (one whose connect is refused:
+    /// nobody listens on it; any other failure to connect leaves it alone). The socket is bound
+    /// under a temporary name beside it, given its mode, then renamed into place, so it is never
+    /// reachable with the mode the umask gave it.
     pub(crate) fn bind(settings: &LocalSettings) -> Result<LocalListener, LocalError> {
         let path = &settings.socket;
         let bind_err = |source| LocalError::Bind { path: path.clone(), source };
@@ -98,16 +103,28 @@ impl LocalListener {
             if !meta.file_type().is_socket() {
                 return Err(LocalError::NotASocket(path.clone()));
             }
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(LocalError::InUse(path.clone()));
+            match std::os::unix::net::UnixStream::connect(path) {
+                Ok(_) => return Err(LocalError::InUse(path.clone())),
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    std::fs::remove_file(path).map_err(bind_err)?;
+                }
+                Err(source) => return Err(LocalError::Unknown { path: path.clone(), source }),
             }
-            std::fs::remove_file(path).map_err(bind_err)?;
         }
-        let listener = UnixListener::bind(path).map_err(bind_err)?;
-        let listener = LocalListener { listener, settings: settings.clone() };
+        let mut name = std::ffi::OsString::from(".");
+        name.push(path.file_name().unwrap_or_default());
+        name.push(format!(".{}.binding", std::process::id()));
+        let binding = path.with_file_name(name);
+        let _ = std::fs::remove_file(&binding);
+        let listener = UnixListener::bind(&binding).map_err(bind_err)?;
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(settings.mode)).map_err(bind_err)?;
-        Ok(listener)
+        let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))
+            .and_then(|()| std::fs::rename(&binding, path));
+        if let Err(e) = placed {
+            let _ = std::fs::remove_file(&binding);
+            return Err(bind_err(e));
+        }
+        Ok(LocalListener { listener, settings: settings.clone() })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -146,8 +163,13 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
                 "too many local connections (at most {}); close one and retry",
                 listener.settings.max_connections
             )),
+            // Counted with the identity's QUIC connections against the node's [limits] (total
+            // client connections, and per identity): one mapped uid cannot take every slot.
             (Ok(cred), Ok(permit)) => match listener.settings.role_of(cred.uid(), cred.gid(), own_uid) {
-                Some(role) => Ok((role, permit)),
+                Some(role) => match shared.admission.connection(&role) {
+                    Ok(slot) => Ok((role, (permit, slot))),
+                    Err(cap) => Err(format!("{role}: {cap}")),
+                },
                 None => Err(format!(
                     "uid {} (gid {}) is not allowed on {}: no [[local.allow]] entry maps it",
                     cred.uid(),
@@ -157,12 +179,12 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
             },
         };
         match admission {
-            Ok((role, permit)) => {
+            Ok((role, places)) => {
                 let max_in_flight = listener.settings.max_in_flight;
                 let shared = Arc::clone(&shared);
                 tokio::spawn(async move {
                     serve(shared, stream, role, max_in_flight).await;
-                    drop(permit);
+                    drop(places);
                 });
             }
             Err(reason) => {
@@ -465,6 +487,26 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The socket appears with its configured mode (bound under another name, then renamed into
+    /// place), a live one is left alone, and a stale one (nobody listens) is replaced.
+    #[tokio::test]
+    async fn the_socket_is_placed_with_its_mode_and_only_a_stale_one_is_replaced() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut settings = LocalSettings::new(dir.path().join("node.sock"), Vec::new());
+        settings.mode = 0o640;
+        let listener = LocalListener::bind(&settings).expect("bind");
+        let mode = std::fs::metadata(&settings.socket).expect("the socket").permissions().mode();
+        assert_eq!(mode & 0o777, 0o640);
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("node.sock")], "nothing left under the binding name");
+        assert!(matches!(LocalListener::bind(&settings), Err(LocalError::InUse(_))));
+        drop(listener);
+        // A stale socket file: its process went without removing it.
+        drop(std::os::unix::net::UnixListener::bind(&settings.socket).expect("a stale socket"));
+        let _replaced = LocalListener::bind(&settings).expect("a stale socket is replaced");
+    }
 
     /// An answer too large for a frame goes as an error answer to its call, so the writer never
     /// hands the codec a frame it refuses (which would lose the answers buffered before it).

@@ -27,11 +27,18 @@ const STRANGER: u32 = 54_321;
 /// Lays a cluster out, lets `edit` change each node's `[local]` table, starts it and waits until
 /// every node serves epoch 1.
 async fn started_with(options: Options, edit: impl Fn(u64, &mut LocalSettings)) -> Cluster {
+    started_with_config(options, |id, config| {
+        edit(id, config.local.as_mut().expect("the harness configures a local socket"))
+    })
+    .await
+}
+
+async fn started_with_config(options: Options, edit: impl Fn(u64, &mut NodeConfig)) -> Cluster {
     let mut cluster = Cluster::layout(options);
     for id in cluster.ids() {
         let path = cluster.node_config(id);
         let mut config = NodeConfig::load(&path).expect("node.toml");
-        edit(id, config.local.as_mut().expect("the harness configures a local socket"));
+        edit(id, &mut config);
         write_toml(&path, &config).expect("rewrite node.toml");
         cluster.start_node(id);
     }
@@ -818,4 +825,44 @@ async fn a_lock_dropped_in_a_panic_is_not_unlocked() {
         })
         .collect();
     assert_eq!(unlocks, vec![7], "the lock dropped in the panic was unlocked");
+}
+
+/// Local connections count with their identity's QUIC ones against the node's
+/// `limits.max_connections_per_identity`: one mapped uid (a broad gid entry, say) cannot take every
+/// slot of the socket. A closed connection frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_identity_cannot_take_every_local_connection() {
+    const PER_IDENTITY: usize = 3;
+    let cluster = started_with_config(Options::default(), |id, config| {
+        if id == 1 {
+            config.limits.max_connections_per_identity = PER_IDENTITY;
+            let solo = LocalAllow {
+                uid: Some(own_uid()),
+                gid: None,
+                role: LocalRole::Client,
+                name: Some("solo".into()),
+            };
+            config.local.as_mut().expect("a local socket").allow = vec![solo];
+        }
+    })
+    .await;
+    // Connected and greeted (raw_connection reads the hello): the identity's connections.
+    let mut held: Vec<_> = (0..PER_IDENTITY).map(|_| raw_connection(&cluster.local_socket(1))).collect();
+    let first_frame = || {
+        let mut stream = std::os::unix::net::UnixStream::connect(cluster.local_socket(1)).expect("connect");
+        stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+        read_frame::<LocalFrame>(&mut stream)
+    };
+    match first_frame() {
+        Some(LocalFrame::Refused(e)) => {
+            assert!(e.message.contains("limits.max_connections_per_identity"), "{e:?}")
+        }
+        other => panic!("a connection over the cap got {other:?}"),
+    }
+    drop(held.pop());
+    let patience = Instant::now();
+    while !matches!(first_frame(), Some(LocalFrame::Hello(_))) {
+        assert!(patience.elapsed() < PATIENCE, "a closed connection did not free its place");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
