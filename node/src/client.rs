@@ -138,7 +138,17 @@ impl Client {
         if let Some(socket) = &profile.socket
             && std::fs::symlink_metadata(socket).is_ok()
         {
-            return Client::connect_local(socket).await;
+            let client = Client::connect_local(socket).await?;
+            let node = client.local_identity().map(|hello| hello.node.0);
+            if node != Some(profile.node) {
+                let reason = format!(
+                    "the node on it is node {}, not node {} as the profile says",
+                    node.unwrap_or_default(),
+                    profile.node
+                );
+                return Err(ClientError::LocalConnect { path: socket.clone(), reason });
+            }
+            return Ok(client);
         }
         let identity = Identity::load(&profile.cert, &profile.key)?;
         let ca = pki::load_ca(&profile.ca)?;

@@ -70,6 +70,14 @@ async fn the_peer_uid_decides_the_identity() {
     let app = cluster.local_client(1).await;
     let hello = app.local_identity().expect("a local connection");
     assert_eq!((hello.node, hello.identity.as_str()), (NodeId(1), "client-app.keyhome"));
+    // A profile's socket must lead to the node the profile names.
+    let profile = |node: u64| keyhome::config::ClientProfile {
+        socket: Some(cluster.local_socket(1)),
+        ..cluster.client_profile(node)
+    };
+    assert!(Client::connect(&profile(1)).await.is_ok_and(|c| c.local_identity().is_some()));
+    let err = Client::connect(&profile(2)).await.err().expect("node 1's socket taken for node 2");
+    assert!(err.to_string().contains("the node on it is node 1, not node 2 as the profile says"), "{err}");
 
     // A handle locked on the socket belongs to the identity, whichever transport: the `app`
     // certificate takes it over on QUIC, the operator certificate may not.
