@@ -906,22 +906,31 @@ mod tests {
     }
 
     /// A handle number kept from an earlier run of the node names nothing in this one: each run's
-    /// ids start past the ids the run before could give out.
+    /// ids lie in a span of their own, whatever the shard counts of the two runs.
     #[test]
     fn each_run_gives_out_serials_the_run_before_did_not() {
-        for count in [1, 2, 3, MAX_SHARDS] {
-            for index in [0, count - 1] {
-                let first = |incarnation| Place::new(index, count, incarnation).first();
-                let stride = Place::stride(count);
-                for incarnation in [1, 2, 1000, (1 << 10) - 2] {
-                    let (this, next) = (first(incarnation), first(incarnation + 1));
-                    assert!(next > this && next - this >= (1 << 36) * stride, "run {incarnation} of {count}");
-                    assert_eq!(this & (stride - 1), index as u64 & (stride - 1));
-                }
-                // The last run's ids stay exact as JSON numbers (IEEE doubles).
-                assert!(first((1 << 10) - 1) + ((1 << 36) - 1) * stride < 1 << 53);
-                assert_eq!(first(1 << 10), first(0), "the runs start over");
+        let span = |count: usize, incarnation: u64| {
+            let stride = Place::stride(count);
+            let firsts: Vec<u64> = (0..count).map(|i| Place::new(i, count, incarnation).first()).collect();
+            for (index, first) in firsts.iter().enumerate() {
+                assert_eq!(first & (stride - 1), index as u64 & (stride - 1), "the low bits name the shard");
             }
+            // The lowest id of the run, and past the highest it gives out (2^42 / stride per shard).
+            (*firsts.iter().min().unwrap(), firsts.iter().max().unwrap() + ((1 << 42) / stride - 1) * stride)
+        };
+        for (before, after) in [(1, 1), (2, 1), (1, 2), (MAX_SHARDS, 1), (3, MAX_SHARDS), (5, 4)] {
+            for incarnation in [1, 2, 1000, (1 << 10) - 2] {
+                let (_, last) = span(before, incarnation);
+                let (next, _) = span(after, incarnation + 1);
+                assert!(
+                    last < next,
+                    "run {incarnation} ({before} shards) reaches run {} ({after})",
+                    incarnation + 1
+                );
+            }
+            // The last run's ids stay exact as JSON numbers (IEEE doubles); then the runs start over.
+            assert!(span(before, (1 << 10) - 1).1 < 1 << 53);
+            assert_eq!(span(after, 1 << 10), span(after, 0));
         }
     }
 }

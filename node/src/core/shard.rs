@@ -40,9 +40,10 @@ struct Waiting {
 /// none is given twice and an id's low bits name its shard (`id & (stride - 1) == index`: no
 /// division on the unlock path).
 ///
-/// Each run of the node starts its ids `RUN_IDS · stride` further on (by its incarnation): a
-/// handle number or check id kept from an earlier run names nothing in this one, rather than a
-/// live handle of the same identity (see [`Place::first`]).
+/// Each run of the node has ids of its own, by its incarnation: run `r` gives out ids from
+/// `r · RUN_SPAN` up, below `(r + 1) · RUN_SPAN` (whatever its shard count, which may differ from
+/// run to run), so a handle number or check id kept from an earlier run names nothing in this
+/// one, rather than a live handle of the same identity.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Place {
     pub index: u64,
@@ -53,16 +54,16 @@ pub(super) struct Place {
     run: u64,
 }
 
-/// Ids one shard gives out in one run before reaching the next run's first (2^36: a day at a
-/// million a second).
-const RUN_IDS: u64 = 1 << 36;
+/// The ids of one run: `RUN_SPAN / stride` per shard (2^42 on one shard, 2^36 on each of 64),
+/// hours to years of locking at ten million a second. A run that gives out more runs into the
+/// next run's ids (docs/api.md, "handle number").
+const RUN_SPAN: u64 = 1 << 42;
 
-/// Runs before the ids start over (2^10 restarts): every id stays below
-/// `RUNS · RUN_IDS · stride` ≤ 2^52 for every stride up to [`super::MAX_SHARDS`], so a handle
-/// number is exact as a JSON number in any language (an IEEE double).
+/// Runs before the ids start over (2^10 restarts): every id stays below `RUNS · RUN_SPAN` = 2^52,
+/// so a handle number is exact as a JSON number in any language (an IEEE double).
 const RUNS: u64 = 1 << 10;
 
-const _: () = assert!(RUNS * RUN_IDS * (super::MAX_SHARDS as u64).next_power_of_two() <= 1 << 52);
+const _: () = assert!(RUN_SPAN >= (super::MAX_SHARDS as u64).next_power_of_two() << 30);
 
 impl Place {
     /// The place of shard `index` of `count` in run `incarnation`.
@@ -80,11 +81,11 @@ impl Place {
         (count as u64).next_power_of_two()
     }
 
-    /// The first id this shard gives out: `index`, or `stride` for shard 0 (0 is never an id),
-    /// plus the run's offset `run · RUN_IDS · stride`.
+    /// The first id this shard gives out: the run's first, `run · RUN_SPAN` (a multiple of every
+    /// stride), plus `index`, or `stride` for shard 0 (0 is never an id).
     pub fn first(self) -> u64 {
         let own = if self.index == 0 { self.stride } else { self.index };
-        own + self.run * RUN_IDS * self.stride
+        self.run * RUN_SPAN + own
     }
 }
 
