@@ -138,7 +138,8 @@ impl Client {
         if let Some(socket) = &profile.socket
             && std::fs::symlink_metadata(socket).is_ok()
         {
-            let client = Client::connect_local(socket).await?;
+            let conn = local::LocalConn::connect(socket, DEFAULT_TIMEOUT, profile.node_uid).await?;
+            let client = Client::over(Transport::Local(Arc::new(conn)));
             let node = client.local_identity().map(|hello| hello.node.0);
             if node != Some(profile.node) {
                 let reason = format!(
@@ -189,9 +190,11 @@ impl Client {
     }
 
     /// Connects to the node's local socket at `socket`; the node identifies this process by its
-    /// uid (or gid), as its `[[local.allow]]` entries map them.
+    /// uid (or gid), as its `[[local.allow]]` entries map them, and must run as root, as this
+    /// process's uid or as the owner of the socket's directory ([`Client::connect`] with a
+    /// profile's `node_uid` names the node's uid instead).
     pub async fn connect_local(socket: &Path) -> Result<Client, ClientError> {
-        let conn = local::LocalConn::connect(socket, DEFAULT_TIMEOUT).await?;
+        let conn = local::LocalConn::connect(socket, DEFAULT_TIMEOUT, None).await?;
         Ok(Client::over(Transport::Local(Arc::new(conn))))
     }
 

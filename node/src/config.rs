@@ -507,6 +507,11 @@ pub struct ClientProfile {
     /// talks to the node through it (identified by its uid, not the certificate), else over QUIC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<PathBuf>,
+    /// The uid the node behind `socket` runs as. Without it, the client takes a process running
+    /// as root, as the client's own uid or as the owner of the socket's directory for the node
+    /// (api.md, "The node's identity").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_uid: Option<u32>,
 }
 
 impl ClientProfile {

@@ -41,6 +41,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -93,7 +94,7 @@ pub(crate) struct LocalListener {
 impl LocalListener {
     /// Binds `settings.socket`, replacing a stale socket file (one whose connect is refused:
     /// nobody listens on it; any other failure to connect leaves it alone). The socket is bound
-    /// under a temporary name beside it, given its mode, then renamed into place, so it is never
+    /// under a temporary name beside it, given its mode, then linked into place, so it is never
     /// reachable with the mode the umask gave it.
     pub(crate) fn bind(settings: &LocalSettings) -> Result<LocalListener, LocalError> {
         let path = &settings.socket;
@@ -111,20 +112,20 @@ impl LocalListener {
                 Err(source) => return Err(LocalError::Unknown { path: path.clone(), source }),
             }
         }
-        let mut name = std::ffi::OsString::from(".");
-        name.push(path.file_name().unwrap_or_default());
-        name.push(format!(".{}.binding", std::process::id()));
-        let binding = path.with_file_name(name);
+        // Short, so that a path that fits the 108-byte limit of a socket address still does.
+        let binding = path.with_file_name(format!(".kh{:x}", std::process::id()));
         let _ = std::fs::remove_file(&binding);
         let listener = UnixListener::bind(&binding).map_err(bind_err)?;
         use std::os::unix::fs::PermissionsExt;
+        // Linked, not renamed: a socket another process placed meanwhile is not replaced.
         let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))
-            .and_then(|()| std::fs::rename(&binding, path));
-        if let Err(e) = placed {
-            let _ = std::fs::remove_file(&binding);
-            return Err(bind_err(e));
+            .and_then(|()| std::fs::hard_link(&binding, path));
+        let _ = std::fs::remove_file(&binding);
+        match placed {
+            Ok(()) => Ok(LocalListener { listener, settings: settings.clone() }),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(LocalError::InUse(path.clone())),
+            Err(e) => Err(bind_err(e)),
         }
-        Ok(LocalListener { listener, settings: settings.clone() })
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -215,7 +216,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
     let (read, write) = stream.into_split();
     // Each request in flight sends one answer; events wait for room (their queue is bounded).
     let (out, out_rx) = mpsc::channel::<LocalFrame>(max_in_flight + 1);
-    let writer =
+    let mut writer =
         tokio::spawn(write_frames(Arc::clone(&shared), owner, FramedWrite::new(write, codec()), out_rx));
     let hello = LocalHello { node: shared.id, identity: role.dns_name(), protocols: wire::LOCAL_PROTOCOLS };
     let mut conn = Connection {
@@ -231,61 +232,92 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
     if conn.out.send(LocalFrame::Hello(hello)).await.is_ok() {
         conn.run(FramedRead::new(read, codec())).await;
     }
-    for task in conn.waiting.values().chain(conn.events.as_ref()) {
+    for task in conn.waiting.values().map(|w| &w.task).chain(conn.events.as_ref()) {
         task.abort();
     }
     shared.api.close(owner.conn);
     drop(conn);
-    let _ = tokio::time::timeout(CLOSE_FLUSH, writer).await;
+    // A peer that does not read keeps the writer (and the socket) busy: it goes with the
+    // connection, so the connection's places are freed only when its socket is.
+    if tokio::time::timeout(CLOSE_FLUSH, &mut writer).await.is_err() {
+        writer.abort();
+        let _ = writer.await;
+    }
 }
 
 /// Writes frames as they come, flushing whenever no further one is ready (so answers that are
-/// ready together leave in one write). Once a write fails, the lock answers none of whose bytes
-/// reached the socket are given back: the one being added to the write buffer and those still
-/// queued. Answers already in the buffer may have been written in part or whole, so they keep
-/// their keys.
+/// ready together leave in one write). When the writer ends (a write failed, or it was aborted at
+/// close), the lock answers none of whose bytes reached the socket are given back: the one being
+/// added to the write buffer and those still queued ([`Unwritten`]). Answers already in the buffer
+/// may have been written in part or whole, so they keep their keys.
 async fn write_frames(
     shared: Arc<Shared>,
     owner: ClientOwner,
     mut sink: FramedWrite<tokio::net::unix::OwnedWriteHalf, LengthDelimitedCodec>,
-    mut frames: mpsc::Receiver<LocalFrame>,
+    frames: mpsc::Receiver<LocalFrame>,
 ) {
-    let unsent = |frame: &LocalFrame| {
-        if let LocalFrame::Answer { response, .. } = frame
-            && let Some(handle) = response.locked_handle()
-        {
-            crate::api::give_back_unsent(&shared, owner, handle);
-        }
-    };
-    'frames: while let Some(frame) = frames.recv().await {
+    let mut rest = Unwritten { shared, owner, frames, current: None };
+    'frames: while let Some(frame) = rest.frames.recv().await {
         let mut next = Some(frame);
         while let Some(frame) = next {
-            let (bytes, whole) = match sendable(&frame) {
-                Ok(bytes) => (Some(bytes), true),
-                Err(replacement) => (replacement, false),
-            };
-            if !whole {
-                unsent(&frame);
-            }
-            // A failed `feed` buffered nothing of this frame (the earlier ones' write failed).
-            if let Some(bytes) = bytes
-                && sink.feed(bytes).await.is_err()
-            {
-                if whole {
-                    unsent(&frame);
+            match sendable(&frame) {
+                Ok(bytes) => {
+                    // A failed `feed` buffered nothing of this frame (the earlier ones' write
+                    // failed), nor does one that is aborted.
+                    rest.current = Some(frame);
+                    if sink.feed(bytes).await.is_err() {
+                        break 'frames;
+                    }
+                    rest.current = None;
                 }
-                break 'frames;
+                Err(replacement) => {
+                    rest.give_back(&frame);
+                    if let Some(bytes) = replacement
+                        && sink.feed(bytes).await.is_err()
+                    {
+                        break 'frames;
+                    }
+                }
             }
-            next = frames.try_recv().ok();
+            next = rest.frames.try_recv().ok();
         }
         if SinkExt::<bytes::Bytes>::flush(&mut sink).await.is_err() {
             break;
         }
     }
-    // After `close`, `recv` still yields every frame a sender queued, then ends.
-    frames.close();
-    while let Some(frame) = frames.recv().await {
-        unsent(&frame);
+}
+
+/// What a local connection's writer has not written: given back when it is dropped, the writer
+/// done or aborted.
+struct Unwritten {
+    shared: Arc<Shared>,
+    owner: ClientOwner,
+    frames: mpsc::Receiver<LocalFrame>,
+    /// The frame being added to the write buffer (none of its bytes are there while it is).
+    current: Option<LocalFrame>,
+}
+
+impl Unwritten {
+    /// Gives back the handle of `frame`, if it is a lock answer.
+    fn give_back(&self, frame: &LocalFrame) {
+        if let LocalFrame::Answer { response, .. } = frame
+            && let Some(handle) = response.locked_handle()
+        {
+            crate::api::give_back_unsent(&self.shared, self.owner, handle);
+        }
+    }
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        if let Some(frame) = self.current.take() {
+            self.give_back(&frame);
+        }
+        // After `close`, `try_recv` still yields every frame a sender queued.
+        self.frames.close();
+        while let Ok(frame) = self.frames.try_recv() {
+            self.give_back(&frame);
+        }
     }
 }
 
@@ -310,6 +342,13 @@ fn sendable(frame: &LocalFrame) -> Result<bytes::Bytes, Option<bytes::Bytes>> {
     }
 }
 
+/// A call left running, by its id on the connection.
+struct Waiting {
+    task: AbortHandle,
+    /// Its answer is decided (queued for the client, or about to be): the id is free again.
+    answered: Arc<AtomicBool>,
+}
+
 /// One local connection's state.
 struct Connection {
     shared: Arc<Shared>,
@@ -319,7 +358,7 @@ struct Connection {
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     /// Requests still waiting (a lock queued behind its holder), by call id.
-    waiting: HashMap<u64, AbortHandle>,
+    waiting: HashMap<u64, Waiting>,
     /// The task forwarding the connection's events, once it subscribed.
     events: Option<AbortHandle>,
 }
@@ -341,8 +380,8 @@ impl Connection {
                 Ok(LocalRequest::Call { id, request }) => self.call(id, request).await,
                 Ok(LocalRequest::Cast { request }) => self.cast(request).await,
                 Ok(LocalRequest::Cancel { id }) => {
-                    if let Some(task) = self.waiting.remove(&id) {
-                        task.abort();
+                    if let Some(waiting) = self.waiting.remove(&id) {
+                        waiting.task.abort();
                     }
                     true
                 }
@@ -364,7 +403,8 @@ impl Connection {
     async fn call(&mut self, id: u64, request: Request) -> bool {
         // Its answer could not be told from the first one's, and the first could no longer be
         // cancelled or withdrawn at close.
-        if self.waiting.get(&id).is_some_and(|task| !task.is_finished()) {
+        if self.waiting.get(&id).is_some_and(|w| !w.answered.load(Ordering::Acquire) && !w.task.is_finished())
+        {
             let error = ApiError::new(ErrorKind::Invalid, format!("call id {id} is already in flight"));
             let _ = self.out.send(LocalFrame::Refused(error)).await;
             return false;
@@ -386,15 +426,19 @@ impl Connection {
             return queue_answer(&self.shared, owner, &self.out, id, result).await;
         }
         let (shared, out) = (Arc::clone(&self.shared), self.out.clone());
+        let answered = Arc::new(AtomicBool::new(false));
+        let marked = Arc::clone(&answered);
         let task = tokio::spawn(async move {
             let result = answer.await;
+            // Before the answer can reach the client, which may then reuse the id at once.
+            marked.store(true, Ordering::Release);
             queue_answer(&shared, owner, &out, id, result).await;
             drop(permit);
         });
         if self.waiting.len() >= self.max_in_flight {
-            self.waiting.retain(|_, task| !task.is_finished());
+            self.waiting.retain(|_, w| !w.task.is_finished());
         }
-        self.waiting.insert(id, task.abort_handle());
+        self.waiting.insert(id, Waiting { task: task.abort_handle(), answered });
         true
     }
 
@@ -488,7 +532,7 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
 mod tests {
     use super::*;
 
-    /// The socket appears with its configured mode (bound under another name, then renamed into
+    /// The socket appears with its configured mode (bound under another name, then linked into
     /// place), a live one is left alone, and a stale one (nobody listens) is replaced.
     #[tokio::test]
     async fn the_socket_is_placed_with_its_mode_and_only_a_stale_one_is_replaced() {

@@ -281,6 +281,7 @@ pub fn stage_profile(
         cert: "cert.pem".into(),
         key: "key.pem".into(),
         socket: socket.map(|s| Path::new("..").join(s)),
+        node_uid: None,
     };
     let path = dir.join("profile.toml");
     files.add_toml(path.clone(), &profile)?;

@@ -364,6 +364,7 @@ impl Cluster {
             cert: dir.join("cert.pem"),
             key: dir.join("key.pem"),
             socket: None,
+            node_uid: None,
         }
     }
 
@@ -399,6 +400,7 @@ impl Cluster {
             cert: "cert.pem".into(),
             key: "key.pem".into(),
             socket: None,
+            node_uid: None,
         };
         let path = dir.join(format!("node-{id}.toml"));
         write_toml(&path, &profile).expect("write profile");

@@ -103,6 +103,7 @@ async fn errors_say_what_to_do() {
         cert: cert.into(),
         key: key.into(),
         socket: None,
+        node_uid: None,
     };
 
     // A profile naming node 2 at node 1's address.

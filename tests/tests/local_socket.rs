@@ -747,8 +747,18 @@ const STRANGER_SOCKET: &str = "KEYHOME_TEST_STRANGER_SOCKET";
 fn fake_node_of_a_stranger() {
     let Some(path) = std::env::var_os(STRANGER_SOCKET) else { return };
     let listener = std::os::unix::net::UnixListener::bind(path).expect("bind");
-    loop {
-        let _stream = fake_node_accepts(&listener);
+    let hello = keyhome::wire::LocalHello {
+        node: NodeId(1),
+        identity: "client-app.keyhome".into(),
+        protocols: keyhome::wire::LOCAL_PROTOCOLS,
+    };
+    let frame = keyhome::wire::encode(&LocalFrame::Hello(hello), MAX_CLIENT_FRAME).expect("a hello");
+    let mut open = Vec::new();
+    // A client that refuses the node closes at once: the hello's write may fail, and that is fine.
+    while let Ok((mut stream, _)) = listener.accept() {
+        if stream.write_all(&frame).is_ok() {
+            open.push(stream);
+        }
     }
 }
 
@@ -780,8 +790,23 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let result = Client::connect_local(&socket).await;
+    // A profile may name the uid its node runs as: then that uid, and only it, is the node.
+    let profile = |node_uid| keyhome::config::ClientProfile {
+        node: 1,
+        addr: "127.0.0.1:9".into(),
+        ca: "ca.pem".into(),
+        cert: "cert.pem".into(),
+        key: "key.pem".into(),
+        socket: Some(socket.clone()),
+        node_uid: Some(node_uid),
+    };
+    let named = Client::connect(&profile(STRANGER)).await;
+    let other = Client::connect(&profile(STRANGER + 1)).await;
     let _ = fake.kill();
     let _ = fake.wait();
+    assert!(named.as_ref().is_ok_and(|c| c.local_identity().is_some()), "{:?}", named.err());
+    let err = other.err().expect("a node of another uid than the profile names");
+    assert!(err.to_string().contains(&format!("runs as uid {STRANGER}, not uid {}", STRANGER + 1)), "{err}");
     let err = result.err().expect("the stranger's socket was taken for the node");
     let text = err.to_string();
     assert!(matches!(err, ClientError::LocalConnect { .. }), "{text}");
@@ -873,4 +898,28 @@ async fn one_identity_cannot_take_every_local_connection() {
         assert!(patience.elapsed() < PATIENCE, "a closed connection did not free its place");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A client that sends calls, never reads their answers and closes its sending half ends its
+/// connection: the node's writer, stuck on the full socket, goes with it (within the close's
+/// flush time), so the socket is closed when the connection's places are freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_does_not_keep_its_socket() {
+    use rustix::event::{PollFd, PollFlags, Timespec, poll};
+    // A queue of answers (max_in_flight + 1) that takes every answer, so that the node reads on
+    // to the close while the socket's buffer is full.
+    let cluster = started_with(Options::default(), |_, local| local.max_in_flight = 1 << 16).await;
+    let mut stream = raw_connection(&cluster.local_socket(1));
+    for id in 0..3000 {
+        send_frame(&mut stream, &LocalRequest::Call { id, request: Request::Status });
+    }
+    stream.shutdown(std::net::Shutdown::Write).expect("close the sending half");
+    let wait = Timespec::try_from(PATIENCE).expect("a timespec");
+    let mut fds = [PollFd::new(&stream, PollFlags::RDHUP)];
+    let ready = poll(&mut fds, Some(&wait)).expect("poll");
+    assert!(
+        ready == 1 && fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP),
+        "the node kept the socket of a client that never reads ({:?})",
+        fds[0].revents()
+    );
 }

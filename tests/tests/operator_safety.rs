@@ -138,6 +138,7 @@ async fn dev_restarts_a_killed_node_and_keeps_the_others() {
             cert: dir.join("client-app/cert.pem"),
             key: dir.join("client-app/key.pem"),
             socket: None,
+            node_uid: None,
         };
         async move {
             let client =

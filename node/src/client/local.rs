@@ -47,33 +47,51 @@ struct State {
 }
 
 /// Whether the process behind `stream`, connected to the socket at `path`, may be taken for a
-/// node: it runs as root, as this process's uid, or as the owner of the socket's directory.
-/// Anyone else who could bind the path (a directory others may write to, the moment a restarting
-/// node has removed its socket) could answer as a node with made-up tokens and deadlines; QUIC's
-/// node certificate rules that out on the network.
-fn trusted(stream: &UnixStream, path: &Path) -> Result<(), String> {
+/// node: it runs as `node_uid` when the profile names one; else as root, as this process's uid,
+/// or as the owner of the directory the socket is in (symbolic links followed). Anyone else who
+/// could bind the path (a directory others may write to, the moment a restarting node has removed
+/// its socket) could answer as a node with made-up tokens and deadlines; QUIC's node certificate
+/// rules that out on the network.
+fn trusted(stream: &UnixStream, path: &Path, node_uid: Option<u32>) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let server = stream.peer_cred().map_err(|e| format!("cannot read the node's credentials: {e}"))?.uid();
+    if let Some(expected) = node_uid {
+        return if server == expected {
+            Ok(())
+        } else {
+            Err(format!(
+                "the process on it runs as uid {server}, not uid {expected} as the profile's node_uid \
+                 says; it is not taken for a keyhome node"
+            ))
+        };
+    }
     let own = rustix::process::getuid().as_raw();
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = real.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let dir_owner = std::fs::metadata(dir).map(|m| m.uid()).ok();
     if server == 0 || server == own || dir_owner == Some(server) {
         return Ok(());
     }
     Err(format!(
         "the process on it runs as uid {server}: neither root, this process's uid ({own}) nor the \
-         owner of {}; it is not taken for a keyhome node",
+         owner of {}; it is not taken for a keyhome node (a node of another user: name its uid as \
+         the profile's node_uid)",
         dir.display()
     ))
 }
 
 impl LocalConn {
-    /// Connects to the socket at `path` and reads the node's hello, within `timeout`.
-    pub(super) async fn connect(path: &Path, timeout: Duration) -> Result<LocalConn, ClientError> {
+    /// Connects to the socket at `path` and reads the node's hello, within `timeout`; the node
+    /// must run as `node_uid`, if given (see [`trusted`]).
+    pub(super) async fn connect(
+        path: &Path,
+        timeout: Duration,
+        node_uid: Option<u32>,
+    ) -> Result<LocalConn, ClientError> {
         let refused = |reason: String| ClientError::LocalConnect { path: path.to_path_buf(), reason };
         let open = async {
             let stream = UnixStream::connect(path).await.map_err(|e| refused(e.to_string()))?;
-            trusted(&stream, path).map_err(refused)?;
+            trusted(&stream, path, node_uid).map_err(refused)?;
             let (read, write) = stream.into_split();
             let mut frames = FramedRead::new(read, codec());
             let first = match frames.next().await {
@@ -153,18 +171,32 @@ impl LocalConn {
                 rx
             })
         };
-        let ours = rx.is_some();
-        let failed = match (self.call(Request::Subscribe).await, rx) {
-            (Ok(Response::Subscribed), Some(rx)) => return Ok(rx),
-            (Ok(Response::Error(e)), _) => ClientError::Api(e),
-            (Err(e), _) => e,
-            _ => ClientError::Unexpected,
-        };
-        // A failed subscription leaves the connection's events to a later one.
-        if ours {
-            lock(&self.state).events = None;
+        // A subscription that fails, or whose future is dropped (a timeout), leaves the
+        // connection's events to a later one.
+        let mut unsubscribed = Unsubscribed { state: &self.state, armed: rx.is_some() };
+        match (self.call(Request::Subscribe).await, rx) {
+            (Ok(Response::Subscribed), Some(rx)) => {
+                unsubscribed.armed = false;
+                Ok(rx)
+            }
+            (Ok(Response::Error(e)), _) => Err(ClientError::Api(e)),
+            (Err(e), _) => Err(e),
+            _ => Err(ClientError::Unexpected),
         }
-        Err(failed)
+    }
+}
+
+/// Clears a connection's event stream when dropped armed: its subscription did not go through.
+struct Unsubscribed<'a> {
+    state: &'a std::sync::Mutex<State>,
+    armed: bool,
+}
+
+impl Drop for Unsubscribed<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(self.state).events = None;
+        }
     }
 }
 
