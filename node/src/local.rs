@@ -85,10 +85,13 @@ pub fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// The local socket, bound, with its file's mode set; removed when dropped.
+/// The local socket, bound, with its file's mode set; removed when dropped (if its name still
+/// names it).
 pub(crate) struct LocalListener {
     listener: UnixListener,
     settings: LocalSettings,
+    /// The socket file's inode, so that a socket placed under the name since is left alone.
+    inode: u64,
 }
 
 impl LocalListener {
@@ -112,17 +115,19 @@ impl LocalListener {
                 Err(source) => return Err(LocalError::Unknown { path: path.clone(), source }),
             }
         }
-        // Short, so that a path that fits the 108-byte limit of a socket address still does.
-        let binding = path.with_file_name(format!(".kh{:x}", std::process::id()));
-        let _ = std::fs::remove_file(&binding);
+        // A random name (nodes in other PID namespaces may share the directory), short (11
+        // bytes), and never removed unless this bind created it.
+        let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+        let binding = path.with_file_name(format!(".kh{:08x}", random as u32));
         let listener = UnixListener::bind(&binding).map_err(bind_err)?;
-        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
         // Linked, not renamed: a socket another process placed meanwhile is not replaced.
         let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))
-            .and_then(|()| std::fs::hard_link(&binding, path));
+            .and_then(|()| std::fs::hard_link(&binding, path))
+            .and_then(|()| std::fs::symlink_metadata(&binding).map(|m| m.ino()));
         let _ = std::fs::remove_file(&binding);
         match placed {
-            Ok(()) => Ok(LocalListener { listener, settings: settings.clone() }),
+            Ok(inode) => Ok(LocalListener { listener, settings: settings.clone(), inode }),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(LocalError::InUse(path.clone())),
             Err(e) => Err(bind_err(e)),
         }
@@ -135,7 +140,11 @@ impl LocalListener {
 
 impl Drop for LocalListener {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.settings.socket);
+        use std::os::unix::fs::MetadataExt;
+        let path = &self.settings.socket;
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -285,6 +294,11 @@ async fn write_frames(
             break;
         }
     }
+    // After `close`, `recv` yields every frame a sender queued, or is queueing now, then ends.
+    rest.frames.close();
+    while let Some(frame) = rest.frames.recv().await {
+        rest.give_back(&frame);
+    }
 }
 
 /// What a local connection's writer has not written: given back when it is dropped, the writer
@@ -309,11 +323,13 @@ impl Unwritten {
 }
 
 impl Drop for Unwritten {
+    /// The writer's end, or its abort. An abort cannot wait for a sender in the middle of a send
+    /// (`try_recv` misses its frame); it comes the close's flush time after the connection's
+    /// calls were aborted, when none is.
     fn drop(&mut self) {
         if let Some(frame) = self.current.take() {
             self.give_back(&frame);
         }
-        // After `close`, `try_recv` still yields every frame a sender queued.
         self.frames.close();
         while let Ok(frame) = self.frames.try_recv() {
             self.give_back(&frame);
@@ -549,7 +565,17 @@ mod tests {
         drop(listener);
         // A stale socket file: its process went without removing it.
         drop(std::os::unix::net::UnixListener::bind(&settings.socket).expect("a stale socket"));
-        let _replaced = LocalListener::bind(&settings).expect("a stale socket is replaced");
+        let replaced = LocalListener::bind(&settings).expect("a stale socket is replaced");
+        // A listener whose name now names another socket leaves that one alone when it goes.
+        std::fs::remove_file(&settings.socket).expect("removed by hand");
+        let other = LocalListener::bind(&settings).expect("another node's socket");
+        drop(replaced);
+        assert!(
+            std::os::unix::net::UnixStream::connect(&settings.socket).is_ok(),
+            "the other socket is left"
+        );
+        drop(other);
+        assert!(!settings.socket.exists(), "a listener removes its own socket");
     }
 
     /// An answer too large for a frame goes as an error answer to its call, so the writer never

@@ -762,9 +762,10 @@ fn fake_node_of_a_stranger() {
     }
 }
 
-/// A process of another uid that binds the socket path (here in a directory anyone may write to;
-/// also the moment a restarting node has removed its socket) is not taken for the node: the
-/// client refuses it before reading its hello, where it could have made up tokens and deadlines.
+/// A process of another uid that takes the socket path (here a link in a directory anyone may
+/// write to, to a socket in its own directory; also the moment a restarting node has removed its
+/// socket) is not taken for the node: the client refuses it before reading its hello, where it
+/// could have made up tokens and deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     use std::os::unix::fs::PermissionsExt;
@@ -774,12 +775,19 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("a shared directory");
+    // The stranger binds in a directory of its own and links the node's socket name to it: the
+    // directory judged is the one holding the name, not the link's target.
+    let own = dir.path().join("stranger");
+    std::fs::create_dir(&own).expect("the stranger's directory");
+    std::os::unix::fs::chown(&own, Some(STRANGER), Some(STRANGER)).expect("chown");
+    let target = own.join("node.sock");
     let socket = dir.path().join("node.sock");
+    std::os::unix::fs::symlink(&target, &socket).expect("a link at the node's socket name");
     let mut fake = std::process::Command::new(setpriv)
         .args(["--reuid", &STRANGER.to_string(), "--regid", &STRANGER.to_string(), "--clear-groups"])
         .arg(std::env::current_exe().expect("this test binary"))
         .args(["--exact", "fake_node_of_a_stranger", "--ignored"])
-        .env(STRANGER_SOCKET, &socket)
+        .env(STRANGER_SOCKET, &target)
         .current_dir("/")
         .stdout(std::process::Stdio::null())
         .spawn()

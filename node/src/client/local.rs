@@ -48,7 +48,7 @@ struct State {
 
 /// Whether the process behind `stream`, connected to the socket at `path`, may be taken for a
 /// node: it runs as `node_uid` when the profile names one; else as root, as this process's uid,
-/// or as the owner of the directory the socket is in (symbolic links followed). Anyone else who
+/// or as the owner of the directory that holds the socket's name. Anyone else who
 /// could bind the path (a directory others may write to, the moment a restarting node has removed
 /// its socket) could answer as a node with made-up tokens and deadlines; QUIC's node certificate
 /// rules that out on the network.
@@ -66,8 +66,9 @@ fn trusted(stream: &UnixStream, path: &Path, node_uid: Option<u32>) -> Result<()
         };
     }
     let own = rustix::process::getuid().as_raw();
-    let real = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-    let dir = real.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // The directory that holds the socket's name (a symbolic link to the directory is followed,
+    // a socket name that is itself a link is not: its target's directory may be anyone's).
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let dir_owner = std::fs::metadata(dir).map(|m| m.uid()).ok();
     if server == 0 || server == own || dir_owner == Some(server) {
         return Ok(());
