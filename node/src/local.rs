@@ -121,10 +121,12 @@ impl LocalListener {
         let binding = path.with_file_name(format!(".kh{:08x}", random as u32));
         let listener = UnixListener::bind(&binding).map_err(bind_err)?;
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        // Linked, not renamed: a socket another process placed meanwhile is not replaced.
-        let placed = std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))
-            .and_then(|()| std::fs::hard_link(&binding, path))
-            .and_then(|()| std::fs::symlink_metadata(&binding).map(|m| m.ino()));
+        // Linked, not renamed: a socket another process placed meanwhile is not replaced. Nothing
+        // can fail once the link is made, so a failed bind leaves no socket at `path`.
+        let placed = std::fs::symlink_metadata(&binding).map(|m| m.ino()).and_then(|inode| {
+            std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))?;
+            std::fs::hard_link(&binding, path).map(|()| inode)
+        });
         let _ = std::fs::remove_file(&binding);
         match placed {
             Ok(inode) => Ok(LocalListener { listener, settings: settings.clone(), inode }),
