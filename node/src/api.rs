@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use keyhome_delegation::{Handle, HandleId, LockError};
+use keyhome_delegation::{Ending, Handle, HandleId, LockError};
 use keyhome_epoch::Instant;
 use keyhome_epoch::time::rate_shrink;
 use tokio::sync::{mpsc, oneshot};
@@ -413,7 +413,7 @@ fn unlock_handle(
 ) -> Result<(), ApiError> {
     shared.with_core(|core, now, out| {
         let h = core.claim(handle, owner).map_err(claim_error)?;
-        core.unlock(now, h, note, out).map_err(lock_error)
+        core.end(now, h, Ending::Unlocked(note), out).map_err(lock_error)
     })
 }
 
@@ -421,7 +421,7 @@ fn unlock_handle(
 fn give_back_handle(shared: &Arc<Shared>, owner: ClientOwner, handle: u64) -> Result<(), ApiError> {
     shared.with_core(|core, now, out| {
         let h = core.claim(handle, owner).map_err(claim_error)?;
-        core.end(now, h, keyhome_delegation::Ending::GivenBack, out).map_err(lock_error)
+        core.end(now, h, Ending::GivenBack, out).map_err(lock_error)
     })
 }
 

@@ -143,7 +143,7 @@ impl<'a> LockGuard<'a> {
         self.done = true;
         let handle = self.handle.id;
         self.shared.with_core(|core, now, out| {
-            let result = core.unlock(now, handle, note, out);
+            let result = core.end(now, handle, Ending::Unlocked(note), out);
             if let Err(LockError::NoteTooLarge) = result {
                 let _ = core.end(now, handle, Ending::Abandoned, out);
             }
@@ -159,11 +159,8 @@ impl Drop for LockGuard<'_> {
     fn drop(&mut self) {
         if !self.done {
             let handle = self.handle.id;
-            if std::thread::panicking() {
-                let _ = self.shared.with_core(|core, now, out| core.end(now, handle, Ending::Abandoned, out));
-            } else {
-                let _ = self.shared.with_core(|core, now, out| core.unlock(now, handle, None, out));
-            }
+            let ending = if std::thread::panicking() { Ending::Abandoned } else { Ending::Unlocked(None) };
+            let _ = self.shared.with_core(|core, now, out| core.end(now, handle, ending, out));
         }
     }
 }

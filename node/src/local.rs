@@ -421,8 +421,7 @@ impl Connection {
     async fn call(&mut self, id: u64, request: Request) -> bool {
         // Its answer could not be told from the first one's, and the first could no longer be
         // cancelled or withdrawn at close.
-        if self.waiting.get(&id).is_some_and(|w| !w.answered.load(Ordering::Acquire) && !w.task.is_finished())
-        {
+        if self.waiting.get(&id).is_some_and(|w| !w.answered.load(Ordering::Acquire)) {
             let error = ApiError::new(ErrorKind::Invalid, format!("call id {id} is already in flight"));
             let _ = self.out.send(LocalFrame::Refused(error)).await;
             return false;

@@ -613,16 +613,20 @@ async fn a_handle_given_back_frees_its_key_with_the_handoff_it_got() {
     next.unlock(None).await.expect("unlock");
 }
 
+/// The hello a fake node greets with: node 1, the client `app`.
+fn fake_hello() -> LocalFrame {
+    LocalFrame::Hello(keyhome::wire::LocalHello {
+        node: NodeId(1),
+        identity: "client-app.keyhome".into(),
+        protocols: keyhome::wire::LOCAL_PROTOCOLS,
+    })
+}
+
 /// A fake node's side of a connection from the Rust client: accepted, greeted with a hello.
 fn fake_node_accepts(listener: &std::os::unix::net::UnixListener) -> std::os::unix::net::UnixStream {
     let (mut stream, _) = listener.accept().expect("accept");
     stream.set_read_timeout(Some(PATIENCE)).expect("read timeout");
-    let hello = keyhome::wire::LocalHello {
-        node: NodeId(1),
-        identity: "client-app.keyhome".into(),
-        protocols: keyhome::wire::LOCAL_PROTOCOLS,
-    };
-    send_frame(&mut stream, &LocalFrame::Hello(hello));
+    send_frame(&mut stream, &fake_hello());
     stream
 }
 
@@ -747,12 +751,7 @@ const STRANGER_SOCKET: &str = "KEYHOME_TEST_STRANGER_SOCKET";
 fn fake_node_of_a_stranger() {
     let Some(path) = std::env::var_os(STRANGER_SOCKET) else { return };
     let listener = std::os::unix::net::UnixListener::bind(path).expect("bind");
-    let hello = keyhome::wire::LocalHello {
-        node: NodeId(1),
-        identity: "client-app.keyhome".into(),
-        protocols: keyhome::wire::LOCAL_PROTOCOLS,
-    };
-    let frame = keyhome::wire::encode(&LocalFrame::Hello(hello), MAX_CLIENT_FRAME).expect("a hello");
+    let frame = keyhome::wire::encode(&fake_hello(), MAX_CLIENT_FRAME).expect("a hello");
     let mut open = Vec::new();
     // A client that refuses the node closes at once: the hello's write may fail, and that is fine.
     while let Ok((mut stream, _)) = listener.accept() {

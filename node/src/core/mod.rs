@@ -462,7 +462,8 @@ impl Core {
         self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.renew(now, handle, ttl))
     }
 
-    /// Ends a live handle, leaving `note` for the next holder.
+    /// Ends a live handle, leaving `note` for the next holder ([`Core::end`] with
+    /// [`Ending::Unlocked`]).
     #[inline]
     pub fn unlock(
         &self,
@@ -471,11 +472,12 @@ impl Core {
         note: Option<Vec<u8>>,
         out: &mut impl Sink,
     ) -> Result<(), LockError> {
-        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.unlock(now, handle, note))
+        self.end(now, handle, Ending::Unlocked(note), out)
     }
 
-    /// Ends a live handle as `ending` says: given back, nothing done under it (its caller went
-    /// away before it saw it), or abandoned (see [`Ending`]).
+    /// Ends a live handle as `ending` says: unlocked with a note, given back (nothing done under
+    /// it: its caller went away before it saw it), or abandoned (see [`Ending`]).
+    #[inline]
     pub fn end(
         &self,
         now: Instant,

@@ -55,8 +55,8 @@ pub(super) struct Place {
 }
 
 /// The ids of one run: `RUN_SPAN / stride` per shard (2^42 on one shard, 2^36 on each of 64),
-/// hours to years of locking at ten million a second. A run that gives out more runs into the
-/// next run's ids (docs/api.md, "handle number").
+/// two hours to five days of locking at ten million a second. A run that gives out more runs
+/// into the next run's ids (docs/api.md, "handle number").
 const RUN_SPAN: u64 = 1 << 42;
 
 /// Runs before the ids start over (2^10 restarts): every id stays below `RUNS · RUN_SPAN` = 2^52,
@@ -289,13 +289,8 @@ impl Shard {
         result
     }
 
-    #[inline]
-    pub fn unlock(&mut self, now: Instant, handle: HandleId, note: Option<Vec<u8>>) -> Result<(), LockError> {
-        let result = self.holder.unlock(now, handle, note);
-        self.ended(now, handle, result)
-    }
-
     /// See [`Holder::end`].
+    #[inline]
     pub fn end(&mut self, now: Instant, handle: HandleId, ending: Ending) -> Result<(), LockError> {
         let result = self.holder.end(now, handle, ending);
         self.ended(now, handle, result)
