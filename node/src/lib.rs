@@ -40,6 +40,7 @@ pub mod pki;
 pub mod ratelog;
 pub mod runtime;
 pub mod setup;
+pub mod socket_file;
 pub mod status;
 pub mod store;
 pub mod wire;

@@ -37,8 +37,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,6 +54,7 @@ use crate::config::LocalSettings;
 use crate::core::ClientOwner;
 use crate::pki::Role;
 use crate::runtime::Shared;
+use crate::socket_file::{SocketFile, SocketFileError};
 use crate::wire::{
     self, ApiError, ErrorKind, LocalFrame, LocalHello, LocalRequest, MAX_CLIENT_FRAME, Request, Response,
 };
@@ -62,19 +62,6 @@ use crate::wire::{
 /// How long the node keeps writing to a connection it is closing (its last answers and the
 /// reason), so a client that stopped reading cannot hold the task.
 const CLOSE_FLUSH: Duration = Duration::from_secs(1);
-
-/// Why the local socket could not be opened.
-#[derive(Debug, thiserror::Error)]
-pub enum LocalError {
-    #[error("cannot listen on the local socket {path}: {source}")]
-    Bind { path: PathBuf, source: io::Error },
-    #[error("the local socket {0} is in use by another process (is this node already running?)")]
-    InUse(PathBuf),
-    #[error("{0} exists and is not a socket; refusing to replace it")]
-    NotASocket(PathBuf),
-    #[error("cannot tell whether the local socket {path} is in use ({source}); refusing to replace it")]
-    Unknown { path: PathBuf, source: io::Error },
-}
 
 /// The frame codec of both sides: a 4-byte big-endian length, then the body.
 pub fn codec() -> LengthDelimitedCodec {
@@ -85,68 +72,22 @@ pub fn codec() -> LengthDelimitedCodec {
         .new_codec()
 }
 
-/// The local socket, bound, with its file's mode set; removed when dropped (if its name still
-/// names it).
+/// The local socket, placed ([`SocketFile`]) and listening.
 pub(crate) struct LocalListener {
     listener: UnixListener,
     settings: LocalSettings,
-    /// The socket file's inode, so that a socket placed under the name since is left alone.
-    inode: u64,
+    file: SocketFile,
 }
 
 impl LocalListener {
-    /// Binds `settings.socket`, replacing a stale socket file (one whose connect is refused:
-    /// nobody listens on it; any other failure to connect leaves it alone). The socket is bound
-    /// under a temporary name beside it, given its mode, then linked into place, so it is never
-    /// reachable with the mode the umask gave it.
-    pub(crate) fn bind(settings: &LocalSettings) -> Result<LocalListener, LocalError> {
-        let path = &settings.socket;
-        let bind_err = |source| LocalError::Bind { path: path.clone(), source };
-        if let Ok(meta) = std::fs::symlink_metadata(path) {
-            use std::os::unix::fs::FileTypeExt;
-            if !meta.file_type().is_socket() {
-                return Err(LocalError::NotASocket(path.clone()));
-            }
-            match std::os::unix::net::UnixStream::connect(path) {
-                Ok(_) => return Err(LocalError::InUse(path.clone())),
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    std::fs::remove_file(path).map_err(bind_err)?;
-                }
-                Err(source) => return Err(LocalError::Unknown { path: path.clone(), source }),
-            }
-        }
-        // A random name (nodes in other PID namespaces may share the directory), short (11
-        // bytes), and never removed unless this bind created it.
-        let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
-        let binding = path.with_file_name(format!(".kh{:08x}", random as u32));
-        let listener = UnixListener::bind(&binding).map_err(bind_err)?;
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        // Linked, not renamed: a socket another process placed meanwhile is not replaced. Nothing
-        // can fail once the link is made, so a failed bind leaves no socket at `path`.
-        let placed = std::fs::symlink_metadata(&binding).map(|m| m.ino()).and_then(|inode| {
-            std::fs::set_permissions(&binding, std::fs::Permissions::from_mode(settings.mode))?;
-            std::fs::hard_link(&binding, path).map(|()| inode)
-        });
-        let _ = std::fs::remove_file(&binding);
-        match placed {
-            Ok(inode) => Ok(LocalListener { listener, settings: settings.clone(), inode }),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Err(LocalError::InUse(path.clone())),
-            Err(e) => Err(bind_err(e)),
-        }
+    /// Places `settings.socket` with `settings.mode` ([`SocketFile::bind`]).
+    pub(crate) fn bind(settings: &LocalSettings) -> Result<LocalListener, SocketFileError> {
+        let (listener, file) = SocketFile::bind(&settings.socket, settings.mode)?;
+        Ok(LocalListener { listener, settings: settings.clone(), file })
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.settings.socket
-    }
-}
-
-impl Drop for LocalListener {
-    fn drop(&mut self) {
-        use std::os::unix::fs::MetadataExt;
-        let path = &self.settings.socket;
-        if std::fs::symlink_metadata(path).is_ok_and(|m| m.ino() == self.inode) {
-            let _ = std::fs::remove_file(path);
-        }
+        self.file.path()
     }
 }
 
@@ -548,36 +489,6 @@ async fn poll_once<F: Future + Unpin>(future: &mut F) -> Option<F::Output> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The socket appears with its configured mode (bound under another name, then linked into
-    /// place), a live one is left alone, and a stale one (nobody listens) is replaced.
-    #[tokio::test]
-    async fn the_socket_is_placed_with_its_mode_and_only_a_stale_one_is_replaced() {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut settings = LocalSettings::new(dir.path().join("node.sock"), Vec::new());
-        settings.mode = 0o640;
-        let listener = LocalListener::bind(&settings).expect("bind");
-        let mode = std::fs::metadata(&settings.socket).expect("the socket").permissions().mode();
-        assert_eq!(mode & 0o777, 0o640);
-        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("node.sock")], "nothing left under the binding name");
-        assert!(matches!(LocalListener::bind(&settings), Err(LocalError::InUse(_))));
-        drop(listener);
-        // A stale socket file: its process went without removing it.
-        drop(std::os::unix::net::UnixListener::bind(&settings.socket).expect("a stale socket"));
-        let replaced = LocalListener::bind(&settings).expect("a stale socket is replaced");
-        // A listener whose name now names another socket leaves that one alone when it goes.
-        std::fs::remove_file(&settings.socket).expect("removed by hand");
-        let other = LocalListener::bind(&settings).expect("another node's socket");
-        drop(replaced);
-        assert!(
-            std::os::unix::net::UnixStream::connect(&settings.socket).is_ok(),
-            "the other socket is left"
-        );
-        drop(other);
-        assert!(!settings.socket.exists(), "a listener removes its own socket");
-    }
 
     /// An answer too large for a frame goes as an error answer to its call, so the writer never
     /// hands the codec a frame it refuses (which would lose the answers buffered before it).

@@ -83,8 +83,8 @@ pub enum NodeError {
     DataDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
     Listen { addr: SocketAddr, source: std::io::Error },
-    #[error(transparent)]
-    Local(#[from] crate::local::LocalError),
+    #[error("the local socket: {0}")]
+    Local(#[from] crate::socket_file::SocketFileError),
     #[error("a durable write failed, so the node stopped: {0}")]
     WriteFailed(String),
     #[error(transparent)]

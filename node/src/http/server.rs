@@ -12,8 +12,6 @@
 //! withdraws a pending lock.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +22,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 use crate::config::NodeConfig;
 use crate::runtime::{Shared, stopping};
+use crate::socket_file::{SocketFile, SocketFileError};
 
 /// Connections accepted past `http.max_connections`, each answered at once and closed.
 pub const OVERFLOW: usize = 32;
@@ -35,10 +34,8 @@ pub const OVERFLOW_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 pub enum StartError {
     #[error("cannot listen for HTTP on {addr}: {source}")]
     Tcp { addr: SocketAddr, source: std::io::Error },
-    #[error("cannot listen for HTTP on the Unix socket {path}: {source}")]
-    Unix { path: PathBuf, source: std::io::Error },
-    #[error("{path} exists and is not a socket; refusing to replace it with the HTTP socket")]
-    NotASocket { path: PathBuf },
+    #[error("the HTTP API's socket: {0}")]
+    Unix(#[from] SocketFileError),
     #[error("the HTTP tokens: {0}")]
     Tokens(#[from] super::tokens::TokensError),
 }
@@ -46,7 +43,8 @@ pub enum StartError {
 /// The bound HTTP listeners of a node, not yet serving.
 pub(crate) struct Listeners {
     tcp: Option<tokio::net::TcpListener>,
-    unix: Option<tokio::net::UnixListener>,
+    /// The Unix socket (mode 0600), removed when its accept loop ends.
+    unix: Option<(tokio::net::UnixListener, SocketFile)>,
     header_timeout: Duration,
     max_connections: usize,
 }
@@ -66,7 +64,7 @@ impl Listeners {
             None => None,
         };
         let unix = match &http.unix {
-            Some(path) => Some(bind_unix(path)?),
+            Some(path) => Some(SocketFile::bind(path, 0o600)?),
             None => None,
         };
         let header_timeout = Duration::from_millis(http.request_timeout_ms);
@@ -99,24 +97,15 @@ impl Listeners {
             });
             tokio::spawn(accept_loop(serving.clone(), tcp, shared.shutdown.subscribe()));
         }
-        if let Some(unix) = self.unix {
-            tokio::spawn(accept_loop(serving, unix, shared.shutdown.subscribe()));
+        if let Some((unix, file)) = self.unix {
+            tracing::info!(path = %file.path().display(), "HTTP API listening on a Unix socket");
+            let stop = shared.shutdown.subscribe();
+            tokio::spawn(async move {
+                accept_loop(serving, unix, stop).await;
+                drop(file);
+            });
         }
     }
-}
-
-/// Binds the Unix socket at `path` (mode 0600), replacing a stale socket left there.
-fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, StartError> {
-    let err = |source| StartError::Unix { path: path.to_path_buf(), source };
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path).map_err(err)?,
-        Ok(_) => return Err(StartError::NotASocket { path: path.to_path_buf() }),
-        Err(_) => {}
-    }
-    let listener = tokio::net::UnixListener::bind(path).map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    tracing::info!(path = %path.display(), "HTTP API listening on a Unix socket");
-    Ok(listener)
 }
 
 /// The connections of one kind: what serves them, and how many may be served at once.
