@@ -75,6 +75,11 @@ impl Default for Sessions {
     }
 }
 
+/// The refusal of a second event stream while a connection's first is open.
+pub(crate) fn second_event_stream() -> ApiError {
+    ApiError::new(ErrorKind::Invalid, "this connection already has an event stream (one per connection)")
+}
+
 impl Sessions {
     pub fn new() -> Sessions {
         Sessions { next: AtomicU64::new(1), state: std::sync::Mutex::new(SessionState::default()) }
@@ -106,10 +111,7 @@ impl Sessions {
     pub(crate) fn subscribe(&self, conn: u64) -> Result<mpsc::Receiver<ClientEvent>, ApiError> {
         let mut state = lock(&self.state);
         if state.conns.get(&conn).and_then(|c| c.events.as_ref()).is_some_and(|events| !events.is_closed()) {
-            return Err(ApiError::new(
-                ErrorKind::Invalid,
-                "this connection already has an event stream (one per connection)",
-            ));
+            return Err(second_event_stream());
         }
         Ok(Sessions::open_events(&mut state, conn))
     }

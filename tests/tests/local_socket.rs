@@ -493,6 +493,14 @@ async fn sessions_and_lost_lock_events_work_as_on_quic() {
     let err = short.unlock(None).await.expect_err("unlock after the deadline");
     assert_eq!(err.kind(), Some(ErrorKind::Lost), "{err}");
 
+    // Once the stream is dropped, a new one takes the connection's events, as on QUIC (event 3).
+    drop(events);
+    let mut events = client.events().await.expect("a new stream once the first is dropped");
+    let short = client.lock(b"expiring", Duration::from_millis(300), PATIENCE).await.expect("lock");
+    let event =
+        tokio::time::timeout(PATIENCE, events.next()).await.expect("an event in time").expect("event");
+    assert_eq!((event.seq, event.handle, event.kind), (3, short.handle(), EventKind::Expired));
+
     // A closed connection's handles live on; a new connection of the identity takes them over.
     let serial = client.lock(b"kept", TTL, PATIENCE).await.expect("lock").forget();
     drop((events, client));

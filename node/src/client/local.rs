@@ -17,7 +17,7 @@ use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 use super::ClientError;
 use crate::local::codec;
 use crate::runtime::lock;
-use crate::wire::{self, ClientEvent, LocalFrame, LocalHello, LocalRequest, Request, Response};
+use crate::wire::{self, ClientEvent, ErrorKind, LocalFrame, LocalHello, LocalRequest, Request, Response};
 
 /// Events queued for the application before further ones are dropped (their numbers show the
 /// gap, as on the node's side).
@@ -160,43 +160,28 @@ impl LocalConn {
     }
 
     /// Subscribes to the connection's events.
+    ///
+    /// The node forwards a connection's events for the connection's life once it took a
+    /// subscription; here they go to the latest receiver handed out. While that receiver is kept,
+    /// a second subscription is refused, as on QUIC. Once it is dropped, or if its subscription
+    /// failed or was given up (a timeout) after the node may have taken it, a new one may be
+    /// made: the node's answer that it already forwards this connection's events means the earlier
+    /// subscription went through, and the new receiver takes its events from now on.
     pub(super) async fn subscribe(&self) -> Result<mpsc::Receiver<ClientEvent>, ClientError> {
-        // Set before the node starts sending: no event can arrive unseen. A connection has one
-        // event stream for its life: a second `Subscribe` is the node's to refuse, and must not
-        // take the first stream's events.
-        let rx = {
+        // Set before the node starts sending: no event can arrive unseen.
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        let asked_before = {
             let mut state = lock(&self.state);
-            state.events.is_none().then(|| {
-                let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-                state.events = Some(tx);
-                rx
-            })
-        };
-        // A subscription that fails, or whose future is dropped (a timeout), leaves the
-        // connection's events to a later one.
-        let mut unsubscribed = Unsubscribed { state: &self.state, armed: rx.is_some() };
-        match (self.call(Request::Subscribe).await, rx) {
-            (Ok(Response::Subscribed), Some(rx)) => {
-                unsubscribed.armed = false;
-                Ok(rx)
+            if state.events.as_ref().is_some_and(|events| !events.is_closed()) {
+                return Err(ClientError::Api(crate::api::second_event_stream()));
             }
-            (Ok(Response::Error(e)), _) => Err(ClientError::Api(e)),
-            (Err(e), _) => Err(e),
+            state.events.replace(tx).is_some()
+        };
+        match self.call(Request::Subscribe).await? {
+            Response::Subscribed => Ok(rx),
+            Response::Error(e) if asked_before && e.kind == ErrorKind::Invalid => Ok(rx),
+            Response::Error(e) => Err(ClientError::Api(e)),
             _ => Err(ClientError::Unexpected),
-        }
-    }
-}
-
-/// Clears a connection's event stream when dropped armed: its subscription did not go through.
-struct Unsubscribed<'a> {
-    state: &'a std::sync::Mutex<State>,
-    armed: bool,
-}
-
-impl Drop for Unsubscribed<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            lock(self.state).events = None;
         }
     }
 }
