@@ -91,6 +91,7 @@ impl Change {
         members.sort_by_key(|m| m.id);
         let next = EpochRecord {
             number: current.number + 1,
+            retired: current.retired_after(&members),
             members,
             ring_version: current.ring_version,
             timing,
@@ -136,6 +137,29 @@ mod tests {
         let moved =
             Change::Replace { old: NodeId(1), new: Member { id: NodeId(1), addr: "10.0.0.1:1".into() } };
         assert_eq!(moved.apply(&g).unwrap().members[0].addr, "10.0.0.1:1");
+    }
+
+    /// A member left out of the next epoch is retired, one named again is not, and the record
+    /// remembers at most `MAX_RETIRED`, forgetting the longest retired first.
+    #[test]
+    fn removed_members_are_retired_until_named_again() {
+        use crate::record::MAX_RETIRED;
+        let g = genesis();
+        let removed = Change::Remove(NodeId(2)).apply(&g).unwrap();
+        assert_eq!(removed.retired, vec![NodeId(2)]);
+        let replaced =
+            Change::Replace { old: NodeId(1), new: members(&[9])[0].clone() }.apply(&removed).unwrap();
+        assert_eq!(replaced.retired, vec![NodeId(2), NodeId(1)]);
+        let back = Change::Add(members(&[2])[0].clone()).apply(&replaced).unwrap();
+        assert_eq!(back.retired, vec![NodeId(1)]);
+        let moved =
+            Change::Replace { old: NodeId(3), new: Member { id: NodeId(3), addr: "10.0.0.3:1".into() } };
+        assert_eq!(moved.apply(&back).unwrap().retired, vec![NodeId(1)], "a member moved is not retired");
+        let mut full = g.clone();
+        full.retired = (100..100 + MAX_RETIRED as u64).map(NodeId).collect();
+        let next = Change::Remove(NodeId(3)).apply(&full).unwrap();
+        assert_eq!(next.retired.len(), MAX_RETIRED);
+        assert_eq!((next.retired[0], next.retired[MAX_RETIRED - 1]), (NodeId(101), NodeId(3)));
     }
 
     #[test]

@@ -470,6 +470,7 @@ impl EpochNode {
             current.number.checked_add(skip.max(1)).ok_or(ProposeError::Change(ChangeError::NoOp))?;
         let mut next = current.clone();
         next.number = number;
+        next.retired = current.retired_after(&members);
         next.members = members;
         next.members.sort_by_key(|m| m.id);
         next.activation_wait = activation::next_activation_wait(&current, false);
@@ -541,7 +542,9 @@ impl EpochNode {
             }
             Body::Vote { slot, vote } => self.handle_vote(now, from, slot, vote),
             Body::Chosen(record) => {
-                if record.number > current && record.validate().is_ok() {
+                // A retired node's certificate tells of no epoch (it may be in other hands now);
+                // members tell this node what it missed.
+                if record.number > current && record.validate().is_ok() && !self.current().is_retired(from) {
                     self.learn(now, record, &[]);
                 } else if epoch < current || (epoch == current && record.number == current) {
                     // Already known: say so, which ends the sender's announcements to this node

@@ -9,6 +9,9 @@ use crate::time::rate_margin;
 
 /// Most members an epoch may name.
 pub const MAX_MEMBERS: usize = 1024;
+
+/// Retired nodes a record remembers at most; past it the longest retired is forgotten.
+pub const MAX_RETIRED: usize = 1024;
 /// Longest member address, in bytes.
 pub const MAX_ADDR_LEN: usize = 255;
 /// Shortest home lease an epoch may set.
@@ -102,6 +105,11 @@ pub struct EpochRecord {
     /// of a key whose home it was not in the epoch before: long enough that every home lease of an
     /// earlier epoch has run out everywhere. Zero for the genesis.
     pub activation_wait: Duration,
+    /// Nodes an earlier epoch removed and none named since, longest retired first, at most
+    /// [`MAX_RETIRED`]: a node that knows this record adopts no epoch a retired node tells it of,
+    /// so a removed node's certificate can no longer install a made-up epoch (an epoch that names
+    /// the node again un-retires it).
+    pub retired: Vec<NodeId>,
 }
 
 /// Why a record, or a change to one, is refused.
@@ -119,6 +127,10 @@ pub enum RecordError {
     TooManyMembers(usize),
     #[error("node {0} is listed twice")]
     DuplicateMember(NodeId),
+    #[error("node {0} is both a member and retired, or retired twice")]
+    Retired(NodeId),
+    #[error("an epoch may name at most {MAX_RETIRED} retired nodes, not {0}")]
+    TooManyRetired(usize),
     #[error("members must be sorted by id")]
     Unsorted,
     #[error("node {id} has an empty address or one longer than {MAX_ADDR_LEN} bytes")]
@@ -145,6 +157,7 @@ impl EpochRecord {
             ring_version: ROUTING_VERSION,
             timing,
             activation_wait: Duration::ZERO,
+            retired: Vec::new(),
         };
         record.validate()?;
         Ok(record)
@@ -186,10 +199,39 @@ impl EpochRecord {
             let (first, second) = (pair[0].1, pair[1].1);
             return Err(RecordError::AddressInUse { first, second, addr: pair[1].0.to_owned() });
         }
+        if self.retired.len() > MAX_RETIRED {
+            return Err(RecordError::TooManyRetired(self.retired.len()));
+        }
+        let mut retired = self.retired.clone();
+        retired.sort_unstable();
+        if let Some(&id) = retired.windows(2).find(|p| p[0] == p[1]).map(|p| &p[0]) {
+            return Err(RecordError::Retired(id));
+        }
+        if let Some(&id) = self.retired.iter().find(|&&id| self.is_member(id)) {
+            return Err(RecordError::Retired(id));
+        }
         if self.ring_version != ROUTING_VERSION {
             return Err(RecordError::RingVersion(self.ring_version));
         }
         self.timing.validate()
+    }
+
+    /// Whether an earlier epoch removed `id` and none named it since (as far as this record
+    /// remembers: [`MAX_RETIRED`]).
+    pub fn is_retired(&self, id: NodeId) -> bool {
+        self.retired.contains(&id)
+    }
+
+    /// The retired nodes of the epoch after this one, whose members are `next`: this record's,
+    /// less those `next` names again, then this record's members `next` leaves out; the longest
+    /// retired forgotten past [`MAX_RETIRED`].
+    pub fn retired_after(&self, next: &[Member]) -> Vec<NodeId> {
+        let named = |id: &NodeId| next.iter().any(|m| m.id == *id);
+        let mut retired: Vec<NodeId> = self.retired.iter().copied().filter(|id| !named(id)).collect();
+        retired.extend(self.member_ids().filter(|id| !named(id)));
+        let excess = retired.len().saturating_sub(MAX_RETIRED);
+        retired.drain(..excess);
+        retired
     }
 
     /// A digest of the whole record that peers compare (the genesis digest in particular).
@@ -237,6 +279,20 @@ pub(crate) mod tests {
         assert_eq!(g.member_ids().collect::<Vec<_>>(), vec![NodeId(1), NodeId(2), NodeId(3)]);
         assert_eq!(g.majority(), 2);
         assert!(g.is_member(NodeId(2)) && !g.is_member(NodeId(4)));
+    }
+
+    #[test]
+    fn retired_nodes_are_bounded_unique_and_not_members() {
+        let g = EpochRecord::genesis(members(&[1, 2]), Timing::DEFAULT).unwrap();
+        let with = |retired: Vec<u64>| EpochRecord {
+            retired: retired.into_iter().map(NodeId).collect(),
+            ..g.clone()
+        };
+        assert_eq!(with(vec![5, 4]).validate(), Ok(()));
+        assert_eq!(with(vec![2]).validate(), Err(RecordError::Retired(NodeId(2))));
+        assert_eq!(with(vec![4, 5, 4]).validate(), Err(RecordError::Retired(NodeId(4))));
+        let many = (10..11 + MAX_RETIRED as u64).collect();
+        assert_eq!(with(many).validate(), Err(RecordError::TooManyRetired(MAX_RETIRED + 1)));
     }
 
     #[test]

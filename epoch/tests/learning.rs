@@ -163,6 +163,28 @@ fn observable(c: &Cluster, id: u64) -> String {
     )
 }
 
+/// A removed node's certificate may be in other hands: a node that knows of the removal adopts no
+/// epoch it tells of (a made-up one putting it back, say), and learns from the members instead.
+#[test]
+fn a_retired_node_cannot_install_an_epoch() {
+    let mut c = Cluster::new(&[1, 2, 3]);
+    c.deliver_all();
+    c.propose(1, Change::Remove(NodeId(3))).unwrap();
+    c.deliver_all();
+    assert_eq!((c.epoch(1), c.epoch(2)), (2, 2));
+    let removed = c.node(1).current().clone();
+    assert_eq!(removed.retired, vec![NodeId(3)]);
+    // Epoch 2 with node 3 back in and no wait, as node 3's certificate could make it up.
+    let mut forged = Change::Add(member(3)).apply(&removed).unwrap();
+    forged.activation_wait = std::time::Duration::ZERO;
+    assert!(forged.retired.is_empty(), "naming a node again un-retires it");
+    c.handle(3, 1, Message { epoch: 3, body: Body::Chosen(forged.clone()) });
+    assert_eq!(c.node(1).current(), &removed, "a retired node installed an epoch");
+    // The same record from a member is learned (it stands for an agreement this node missed).
+    c.handle(2, 1, Message { epoch: 3, body: Body::Chosen(forged.clone()) });
+    assert_eq!(c.node(1).current(), &forged, "control: a member's record is learned");
+}
+
 #[test]
 fn chosen_with_an_invalid_record_is_ignored() {
     let mut c = Cluster::new(&[1, 2, 3]);

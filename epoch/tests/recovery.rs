@@ -4,7 +4,7 @@
 mod harness;
 
 use harness::{Cluster, Kind, at, find_key, home, secs};
-use keyhome_epoch::{Event, ProposeError};
+use keyhome_epoch::{Event, NodeId, ProposeError};
 
 /// Five members, three of them lost for good; node 1 installs an epoch of 1 and 2.
 fn recovered(skip: u64) -> (Cluster, u64) {
@@ -23,6 +23,8 @@ fn recovered(skip: u64) -> (Cluster, u64) {
 fn survivors_learn_an_epoch_far_ahead_and_lease_it_without_the_lost_members() {
     let (mut c, number) = recovered(1 << 20);
     assert_eq!(number, 1 + (1 << 20));
+    // The lost members are retired: should one come back, no survivor takes its word on epochs.
+    assert_eq!(c.node(1).current().retired, vec![NodeId(3), NodeId(4), NodeId(5)]);
     for id in [1, 2] {
         assert_eq!(c.epoch(id), number, "node {id}");
         assert!(c.events(id).contains(&Event::Learned { epoch: number }));

@@ -11,7 +11,7 @@ use keyhome::duration::{self, Human};
 use keyhome::pki::Role;
 use keyhome::{Node, setup};
 use keyhome_delegation::{CheckAnswer, FencingToken};
-use keyhome_epoch::{Change, EpochRecord, Member, NodeId, Timing};
+use keyhome_epoch::{Change, Member, NodeId, Timing};
 
 /// `keyhome token check` exits 0 when the key is held with the token now, and with one of these
 /// otherwise, clear of 1 (any error: no answer in time, a refusal), 2 (a usage error) and the
@@ -372,7 +372,7 @@ async fn run(command: Command) -> Result<ExitCode> {
         Command::Epoch(EpochCommand::Show { profile, json }) => {
             let epoch = connect(&profile.profile).await?.epoch().await?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&EpochJson::from(&epoch))?);
+                println!("{}", serde_json::to_string_pretty(&keyhome::status::EpochJson::from(&epoch))?);
             } else {
                 println!("epoch {} (ring version {})", epoch.number, epoch.ring_version);
                 for m in &epoch.members {
@@ -386,6 +386,10 @@ async fn run(command: Command) -> Result<ExitCode> {
                     t.clock_rate_ppm,
                     Human(epoch.activation_wait)
                 );
+                if !epoch.retired.is_empty() {
+                    let ids: Vec<String> = epoch.retired.iter().map(|id| id.to_string()).collect();
+                    println!("retired (removed; not heard of later epochs): {}", ids.join(", "));
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -432,32 +436,6 @@ async fn run(command: Command) -> Result<ExitCode> {
             };
             println!("{token} on {key:?} {text}");
             Ok(ExitCode::from(code))
-        }
-    }
-}
-
-/// `keyhome epoch show --json`: the epoch with its durations in milliseconds.
-#[derive(serde::Serialize)]
-struct EpochJson<'a> {
-    number: u64,
-    ring_version: u32,
-    members: &'a [Member],
-    home_lease_ms: u64,
-    max_delegation_lease_ms: u64,
-    clock_rate_ppm: u32,
-    activation_wait_ms: u64,
-}
-
-impl<'a> From<&'a EpochRecord> for EpochJson<'a> {
-    fn from(epoch: &'a EpochRecord) -> EpochJson<'a> {
-        EpochJson {
-            number: epoch.number,
-            ring_version: epoch.ring_version,
-            members: &epoch.members,
-            home_lease_ms: duration::millis(epoch.timing.home_lease),
-            max_delegation_lease_ms: duration::millis(epoch.timing.max_delegation_lease),
-            clock_rate_ppm: epoch.timing.clock_rate_ppm,
-            activation_wait_ms: duration::millis(epoch.activation_wait),
         }
     }
 }

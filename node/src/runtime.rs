@@ -167,6 +167,11 @@ impl Sink for Carrier<'_> {
                 shared.peer_traffic(self.now);
                 let mut links = lock(&shared.links);
                 let link = links.entry(to).or_insert_with(|| shared.spawn_link(to));
+                // Its task ended (the peer had no known address then: a node of a later epoch
+                // this node had not learned): a new one, which finds the address if it is known now.
+                if link.tx.is_closed() {
+                    *link = shared.spawn_link(to);
+                }
                 if link.tx.try_send(message.into()).is_err() {
                     shared.core.count_dropped(1);
                 }
@@ -966,14 +971,8 @@ async fn read_peer_stream(
     };
     match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
         Ok(Some(PeerFrame::Hello { genesis_digest, ring_version, epoch })) => {
-            // A node no epoch this node learned names may still be ahead of it (a member of a
-            // later epoch, telling it about that epoch): it is heard only if it says so.
-            let (known, current) = (shared.core.is_known(peer), shared.core.current().number);
-            if !known && epoch <= current {
-                return close(
-                    CloseCode::NotMember,
-                    format!("node {peer} is not a member of any epoch this node knows (up to {current})"),
-                );
+            if let Err(reason) = shared.core.hears(peer, epoch) {
+                return close(CloseCode::NotMember, reason);
             }
             if genesis_digest != shared.genesis_digest {
                 return close(

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use keyhome_epoch::{EpochRecord, Member, NodeId};
+
 use crate::duration::Human;
 
 /// Cluster messages in and out of this node, for `keyhome status` and the tests that assert a
@@ -428,5 +430,34 @@ mod tests {
         );
         assert!(text.contains("keyhome epoch propose --remove 2"), "{text}");
         assert!(text.contains("last epoch change: epoch 7 (5 s ago), members [1, 2]"), "{text}");
+    }
+}
+
+/// An epoch as `keyhome epoch show --json` and `GET /v1/epoch` show it: durations in
+/// milliseconds.
+#[derive(Serialize)]
+pub struct EpochJson<'a> {
+    number: u64,
+    ring_version: u32,
+    members: &'a [Member],
+    home_lease_ms: u64,
+    max_delegation_lease_ms: u64,
+    clock_rate_ppm: u32,
+    activation_wait_ms: u64,
+    retired: &'a [NodeId],
+}
+
+impl<'a> From<&'a EpochRecord> for EpochJson<'a> {
+    fn from(epoch: &'a EpochRecord) -> EpochJson<'a> {
+        EpochJson {
+            number: epoch.number,
+            ring_version: epoch.ring_version,
+            members: &epoch.members,
+            home_lease_ms: crate::duration::millis(epoch.timing.home_lease),
+            max_delegation_lease_ms: crate::duration::millis(epoch.timing.max_delegation_lease),
+            clock_rate_ppm: epoch.timing.clock_rate_ppm,
+            activation_wait_ms: crate::duration::millis(epoch.activation_wait),
+            retired: &epoch.retired,
+        }
     }
 }

@@ -51,7 +51,8 @@ use serde::de::DeserializeOwned;
 
 /// Version of the layout described in the module docs. Bump it on any change to the keys, the
 /// table, or the encoding of a value; [`RedbStore::open`] refuses any other version.
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: an epoch record names its retired nodes.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Largest value, in bytes, that is written or read back. A valid epoch record (at most 1024
 /// members with 255-byte addresses) encodes to under 300 KiB, and the acceptor state holds at most

@@ -168,7 +168,8 @@ impl PeerFrame {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
 pub enum CloseCode {
-    /// The certificate names no node, or a node no known epoch names.
+    /// The certificate names no node, or a node no known epoch names, or a retired node that
+    /// claims a later epoch.
     NotMember = 1,
     /// The peer belongs to another cluster (genesis digest) or routes by another ring version.
     Mismatch = 2,

@@ -352,6 +352,109 @@ async fn removing_a_dead_node_rehomes_its_keys() {
     assert_ne!(home_of(&key, &[1, 2]), 3);
     held.unlock(None).await.expect("unlock");
     cluster.wait_ready(&[1, 2], 2).await;
+
+    // Node 3's certificate, in whatever hands, cannot install an epoch: epoch 2 retires node 3.
+    assert_eq!(record.retired, vec![NodeId(3)]);
+    let genesis = keyhome::config::GenesisFile::load(&cluster.dir.join("genesis.toml"))
+        .and_then(|g| g.record(&cluster.dir.join("genesis.toml")))
+        .expect("the genesis");
+    let node3 = cluster.node_dir(3);
+    let identity = pki::Identity::load(node3.join("cert.pem"), node3.join("key.pem")).unwrap();
+    let ca = pki::load_ca(cluster.dir.join("ca.pem")).expect("cluster CA");
+    let config = pki::client_config(&identity, &ca, pki::ALPN_PEER).unwrap();
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let hello = |epoch| {
+        let hello = PeerFrame::Hello {
+            genesis_digest: genesis.digest(),
+            ring_version: keyhome_ring::ROUTING_VERSION,
+            epoch,
+        };
+        wire::encode(&hello, MAX_PEER_FRAME).unwrap()
+    };
+    // Epoch 3: node 3 back in, and no activation wait (a home may grant at once).
+    let mut forged = Change::Add(keyhome_epoch::Member { id: NodeId(3), addr: cluster.addr(3).to_string() })
+        .apply(&record)
+        .expect("a valid record");
+    forged.activation_wait = Duration::ZERO;
+    let chosen =
+        PeerFrame::Epoch(keyhome_epoch::Message { epoch: 3, body: keyhome_epoch::Body::Chosen(forged) });
+    let chosen = wire::encode(&chosen, MAX_PEER_FRAME).unwrap();
+    // A stream whose hello claims the later epoch is closed at once.
+    let conn = endpoint.connect_with(config.clone(), cluster.addr(1), &pki::server_name(NodeId(1))).unwrap();
+    let conn = conn.await.expect("connect as node 3");
+    let (code, reason) =
+        application_close(&raw_peer_stream(&conn, &[hello(3), chosen.clone()].concat()).await);
+    assert_eq!(code, CloseCode::NotMember as u64, "closed with {code}: {reason}");
+    assert!(reason.contains("removed"), "{reason}");
+    // One that says it is behind (node 3 is told of the epoch that removed it) is heard, but its
+    // record is not adopted: the malformed frame after it closes the stream once it was handled.
+    let conn = endpoint.connect_with(config, cluster.addr(1), &pki::server_name(NodeId(1))).unwrap();
+    let conn = conn.await.expect("connect as node 3");
+    let garbage = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
+    let stream = [hello(2), chosen, garbage.to_vec()].concat();
+    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream).await);
+    assert_eq!(code, CloseCode::BadFrame as u64, "closed with {code}: {reason}");
+    let now = operator.epoch().await.expect("epoch show");
+    assert_eq!((now.number, now.retired), (2, vec![NodeId(3)]), "a retired node's record was adopted");
+}
+
+/// A node that heard from a member of an epoch it had not learned yet (no address known for it
+/// then) reaches that member once it learns the epoch (review: the link's task had ended at
+/// once, and every later frame to the member was dropped for the rest of the run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_heard_of_before_its_epoch_is_reached_once_it_is_learned() {
+    let mut cluster = started(Options::default()).await;
+    cluster.kill(1);
+    // Epoch 2 adds node 4, which never starts: nothing answers at its address.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("an address for node 4");
+    let addr4 = silent.local_addr().unwrap();
+    let member4 = keyhome_epoch::Member { id: NodeId(4), addr: addr4.to_string() };
+    let epoch = cluster.operator(2).await.propose(Change::Add(member4)).await.expect("node 4 added");
+    assert_eq!(epoch, 2);
+    // Node 1 comes back while nobody can tell it of epoch 2.
+    cluster.pause(2);
+    cluster.pause(3);
+    cluster.start_node(1);
+    let status = cluster.wait_status(1, "node 1 serving", |_| true).await;
+    assert_eq!(status.epoch, 1);
+    // Node 4's certificate tells node 1 of epoch 2: node 1 asks it to catch it up, with no address
+    // to reach it at.
+    let ca = keyhome::setup::load_ca(&cluster.dir).expect("the CA");
+    let identity = pki::issue(&ca, &Role::Node(NodeId(4))).unwrap().identity().unwrap();
+    let config =
+        pki::client_config(&identity, &pki::load_ca(cluster.dir.join("ca.pem")).unwrap(), pki::ALPN_PEER)
+            .unwrap();
+    let genesis = keyhome::config::GenesisFile::load(&cluster.dir.join("genesis.toml"))
+        .and_then(|g| g.record(&cluster.dir.join("genesis.toml")))
+        .expect("the genesis");
+    let frames = [
+        PeerFrame::Hello {
+            genesis_digest: genesis.digest(),
+            ring_version: keyhome_ring::ROUTING_VERSION,
+            epoch: 2,
+        },
+        PeerFrame::Epoch(keyhome_epoch::Message {
+            epoch: 2,
+            body: keyhome_epoch::Body::LeaseRequest { incarnation: 1, seq: 1 },
+        }),
+    ];
+    let mut stream: Vec<u8> = frames.iter().flat_map(|f| wire::encode(f, MAX_PEER_FRAME).unwrap()).collect();
+    stream.extend([0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff]); // closes the connection once the rest is handled
+    let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let conn = endpoint.connect_with(config, cluster.addr(1), &pki::server_name(NodeId(1))).unwrap();
+    let conn = conn.await.expect("connect as node 4");
+    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream).await);
+    assert_eq!(code, CloseCode::BadFrame as u64, "closed with {code}: {reason}");
+    // Node 1 learns epoch 2 from the others, then tries node 4's address (its lease requests).
+    cluster.resume(2);
+    cluster.resume(3);
+    cluster.wait_status(1, "node 1 at epoch 2", |s| s.epoch == 2).await;
+    cluster
+        .wait_status(1, "node 1 tries to reach node 4", |s| {
+            s.members.iter().any(|m| m.id == 4 && m.unreachable_for.is_some())
+        })
+        .await;
+    drop(silent);
 }
 
 // ---- 7 ----

@@ -192,6 +192,8 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
     assert!(status.status == 200 && status.body["id"] == json!(2), "{status:?}");
     let epoch = get(&app, &format!("{n2}/v1/epoch"));
     assert!(epoch.status == 200 && epoch.body["number"] == json!(1), "{epoch:?}");
+    // The JSON of `keyhome epoch show --json`: durations in milliseconds.
+    assert!(epoch.body["home_lease_ms"].is_u64() && epoch.body["retired"] == json!([]), "{epoch:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

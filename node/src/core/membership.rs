@@ -136,8 +136,26 @@ impl Membership {
 
     // ---- views ----
 
-    pub fn is_known(&self, peer: NodeId) -> bool {
-        self.known.contains(&peer)
+    /// Whether this node hears `peer`, whose stream's hello says it is at epoch `claimed`; the
+    /// reason if not. A node no epoch this run learned names may be ahead (a member of a later
+    /// epoch, telling of it), so it is heard only if it says so; a retired node may be behind (it
+    /// is told of the epoch that removed it, and hands its keys over) but never ahead: a later
+    /// epoch that names it again reaches this node through the members.
+    pub fn hears(&self, peer: NodeId, claimed: u64) -> Result<(), String> {
+        let current = self.epoch.current();
+        if current.is_retired(peer) && claimed > current.number {
+            return Err(format!(
+                "node {peer} was removed (epoch {} retires it); it cannot tell of a later epoch",
+                current.number
+            ));
+        }
+        if !self.known.contains(&peer) && claimed <= current.number {
+            return Err(format!(
+                "node {peer} is not a member of any epoch this node knows (up to {})",
+                current.number
+            ));
+        }
+        Ok(())
     }
 
     /// Where to reach `peer`: its address in the current epoch, else the last one an earlier

@@ -603,9 +603,10 @@ impl Core {
         lock(&self.membership).epoch.current().clone()
     }
 
-    /// Whether `peer` is named by an epoch this node learned.
-    pub fn is_known(&self, peer: NodeId) -> bool {
-        lock(&self.membership).is_known(peer)
+    /// Whether this node hears `peer`, at epoch `claimed` by its word; why not if it does not
+    /// (see `Membership::hears`).
+    pub fn hears(&self, peer: NodeId, claimed: u64) -> Result<(), String> {
+        lock(&self.membership).hears(peer, claimed)
     }
 
     /// Where to reach `peer`: its address in the current epoch, else the last one an earlier

@@ -310,7 +310,7 @@ async fn call(state: &St, caller: &Caller, request: Request) -> Answer {
             Ok(serde_json::json!({ "answer": answer, "held": answer == CheckAnswer::HeldNow }))
         }
         Response::Status(status) => serde_json::to_value(status),
-        Response::Epoch(epoch) => serde_json::to_value(epoch),
+        Response::Epoch(epoch) => serde_json::to_value(crate::status::EpochJson::from(&*epoch)),
         Response::Proposed { epoch } => Ok(serde_json::json!({ "epoch": epoch })),
         // `answer` refuses `Subscribe`; events are `GET /v1/events`.
         Response::Subscribed => Ok(serde_json::json!({ "subscribed": true })),

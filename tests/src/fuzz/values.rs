@@ -181,11 +181,13 @@ impl<'a> Gen<'a> {
             ring_version: ROUTING_VERSION,
             timing,
             activation_wait: if self.bool() { Duration::ZERO } else { timing.fence_bound() },
+            retired: Vec::new(),
         };
         match self.index(16) {
             0 => record.ring_version = self.u32(),
             1 => record.activation_wait = self.duration(Duration::from_secs(30)),
             2 => record.members.reverse(),
+            3 => record.retired = self.members().iter().map(|m| m.id).collect(),
             _ => {}
         }
         record
