@@ -127,6 +127,13 @@ pub enum ProposeError {
     Overtaken(u32),
     #[error("this node left the cluster before its change was decided")]
     Removed,
+    #[error("this node is not among the members it would recover to; recover on one of them")]
+    NotRecovered,
+    #[error(
+        "this node holds a home lease of epoch {epoch} for {} ms more: a majority of its members renewed it within one home lease, so they may still be running. Recovery is for a majority lost for good: propose a change instead, or wait until the lease has run out",
+        .left.as_millis()
+    )]
+    MajorityAlive { epoch: u64, left: Duration },
 }
 
 /// How many times a change is re-applied on top of epochs other proposers got chosen first.
@@ -458,7 +465,8 @@ impl EpochNode {
     /// any home grants under it. What this cannot protect against: a lost member that is in fact
     /// still running (it may keep granting under an epoch only it and others like it know). The
     /// operator must make sure every member left out is stopped for good and never restarted with
-    /// its data.
+    /// its data. Refused while this node holds a home lease ([`ProposeError::MajorityAlive`]): a
+    /// majority renewed it within one home lease.
     pub fn recover_unsafe(
         &mut self,
         now: Instant,
@@ -476,7 +484,11 @@ impl EpochNode {
         next.activation_wait = activation::next_activation_wait(&current, false);
         next.validate().map_err(|e| ProposeError::Change(ChangeError::Invalid(e)))?;
         if !next.is_member(self.config.id) {
-            return Err(ProposeError::NotMember { epoch: number });
+            return Err(ProposeError::NotRecovered);
+        }
+        if let Some(until) = self.lease_until(now) {
+            let left = until.saturating_duration_since(now);
+            return Err(ProposeError::MajorityAlive { epoch: current.number, left });
         }
         self.proposal = None;
         self.recover_at = None;

@@ -335,9 +335,19 @@ pub(crate) async fn answer(
             if *role != Role::Operator {
                 return Err(ApiError::new(ErrorKind::Forbidden, "recovery needs an operator certificate"));
             }
+            for m in &members {
+                crate::addr::check(&m.addr).map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
+            }
             let epoch = shared.with_core(|core, now, out| {
                 let mut left_out: Vec<_> =
                     core.current().member_ids().filter(|id| !members.iter().any(|m| m.id == *id)).collect();
+                if left_out.is_empty() {
+                    return Err(ApiError::new(
+                        ErrorKind::Invalid,
+                        "a recovery leaves out the members lost for good, and this one leaves out none: with \
+                         every member at hand, propose a change instead",
+                    ));
+                }
                 let mut confirmed = stopped.clone();
                 left_out.sort();
                 confirmed.sort();

@@ -116,6 +116,22 @@ async fn curl_locks_contends_renews_and_unlocks_with_a_note() {
     let refused = post(&other, &format!("{n1}/v1/epoch/propose"), &change);
     assert_eq!((refused.status, refused.kind()), (403, "Forbidden"), "{refused:?}");
 
+    // The unsafe recovery's guards (review): a bad address, a recovery that leaves nobody out,
+    // and one run while a majority renews this node's home lease are all refused.
+    let op = cluster.http_token(&Role::Operator);
+    let member = |id: u64| json!({"id": id, "addr": cluster.member_addr(id)});
+    let recover = |members: serde_json::Value, stopped: serde_json::Value| {
+        post(&op, &format!("{n1}/v1/epoch/recover"), &json!({"members": members, "confirm_stopped": stopped}))
+    };
+    let bad = recover(json!([member(1), {"id": 2, "addr": "nonsense"}]), json!([3]));
+    assert_eq!((bad.status, bad.kind()), (400, "Invalid"), "{bad:?}");
+    let none_out = recover(json!([member(1), member(2), member(3)]), json!([]));
+    assert_eq!((none_out.status, none_out.kind()), (400, "Invalid"), "{none_out:?}");
+    let alive = recover(json!([member(1), member(2)]), json!([3]));
+    assert_eq!((alive.status, alive.kind()), (409, "Epoch"), "{alive:?}");
+    assert!(alive.body["error"]["message"].as_str().is_some_and(|m| m.contains("home lease")), "{alive:?}");
+    assert_eq!(get(&op, &format!("{n1}/v1/epoch")).body["number"], json!(1), "nothing was installed");
+
     let unlocked =
         post(&app, &format!("{n1}/v1/unlock"), &json!({"handle": handle, "note": "done up to row 1200"}));
     assert_eq!((unlocked.status, &unlocked.body), (200, &json!({"unlocked": true})));

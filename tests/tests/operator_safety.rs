@@ -70,6 +70,32 @@ async fn membership_changes_naming_unreachable_members_are_refused() {
     assert_eq!(status.epoch, 1, "nothing was proposed: {status:?}");
 }
 
+/// Members {1, 2, 3} with node 3 dead: removing node 2 by mistake would leave epoch 2 = {1, 3}
+/// with one member reachable, unable to serve or change again (review). It is refused, naming the
+/// unreachable member; the intended removal goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_leaves_no_reachable_majority_is_refused() {
+    let mut cluster = started().await;
+    cluster.kill(3);
+    cluster.wait_status(1, "node 3 seen down", |s| s.members.iter().any(|m| m.id == 3 && !m.connected)).await;
+    let profile = cluster.profile_file(&Role::Operator, 1);
+    let propose = |change: &str| {
+        let out =
+            cluster.cli(&["epoch", "propose", "--profile", profile.to_str().unwrap(), "--remove", change]);
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, stderr) = propose("2");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("would need 2 of its members 1, 3") && stderr.contains("unreachable: 3"),
+        "{stderr}"
+    );
+    assert_eq!(cluster.status(1).await.epoch, 1, "nothing was proposed");
+    let (code, stderr) = propose("3");
+    assert_eq!(code, Some(0), "the removal of the dead node goes through: {stderr}");
+    assert_eq!(cluster.status(1).await.epoch, 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_of_a_nodes_configuration_does_not_run_as_that_node() {
     let cluster = started().await;
