@@ -97,8 +97,8 @@ pub struct HolderConfig {
     /// A delegation with no handle, no waiter and no local call for this long is released.
     /// Default 2 s.
     pub idle_release: Duration,
-    /// A grant arriving with less than this left before its deadline is handed back unused.
-    /// Default 50 ms.
+    /// A grant arriving with less than this left before its deadline is handed back unused (or
+    /// with less than half its lease left, for a lease shorter than twice this). Default 50 ms.
     pub min_useful: Duration,
     /// First back-off after a refusal worth retrying; doubles per consecutive refusal (up to 32×).
     /// At least 1 ms. Default 50 ms.
@@ -1175,7 +1175,9 @@ impl Holder {
             }
             (None, None) => {
                 let next_seq = e.next_seq_for(g.grantee);
-                let useful = deadline.saturating_duration_since(now) >= config.min_useful;
+                // A lease shorter than `min_useful` (the epoch's cap may be) is useful while half of
+                // it is left: handing every such grant back would never admit anything.
+                let useful = deadline.saturating_duration_since(now) >= config.min_useful.min(lease / 2);
                 match next_seq {
                     Some(next_seq) if useful => {
                         e.deleg = Some(Delegation {

@@ -267,6 +267,20 @@ fn a_resent_request_keeps_its_first_send_instant() {
     assert_eq!(handle.deadline, at(10_000), "counted from the first send, the conservative choice");
 }
 
+/// A lease shorter than `min_useful` (an epoch capped at 40 ms, say) is used while half of it is
+/// left (review: every such grant was handed back and asked for again, so nothing was admitted).
+#[test]
+fn a_lease_shorter_than_min_useful_is_used_while_half_of_it_is_left() {
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    // 30 ms left of a 40 ms lease (min_useful is 50 ms).
+    h.handle_message(at(10), HOME, grant(b"k", r.id, grantee(1), ms(40), None, false), &auth);
+    let handle = locked_event(&mut h, ticket);
+    assert_eq!(handle.deadline, at(40));
+}
+
 #[test]
 fn a_grant_too_late_to_be_useful_is_handed_back_with_its_note() {
     let auth = Script::new();

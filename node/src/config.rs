@@ -325,6 +325,28 @@ pub struct LockSettings {
     pub lock_delay_ms: u64,
 }
 
+impl LockSettings {
+    /// Longest any of these durations may be (an hour: the longest lease an epoch allows).
+    const MAX_MS: u64 = 3_600_000;
+
+    /// Checks the bounds: a delegation lease of 1 ms to an hour, the others at most an hour.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=Self::MAX_MS).contains(&self.delegation_lease_ms) {
+            return Err(format!(
+                "locks.delegation_lease_ms = {} is not within 1 to {} (an hour)",
+                self.delegation_lease_ms,
+                Self::MAX_MS
+            ));
+        }
+        for (name, ms) in [("idle_release_ms", self.idle_release_ms), ("lock_delay_ms", self.lock_delay_ms)] {
+            if ms > Self::MAX_MS {
+                return Err(format!("locks.{name} = {ms} is more than {} (an hour)", Self::MAX_MS));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for LockSettings {
     fn default() -> LockSettings {
         LockSettings { delegation_lease_ms: 5_000, idle_release_ms: 2_000, lock_delay_ms: 0 }
@@ -385,6 +407,7 @@ impl NodeConfig {
         config
             .limits
             .check()
+            .and_then(|()| config.locks.check())
             .map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
         Ok(config)
     }
@@ -562,6 +585,20 @@ mod tests {
         ] {
             local.allow = vec![bad.clone()];
             assert!(local.check().is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn lock_settings_are_bounded() {
+        assert!(LockSettings::default().check().is_ok());
+        let bad = [
+            LockSettings { delegation_lease_ms: 0, ..LockSettings::default() },
+            LockSettings { delegation_lease_ms: 3_600_001, ..LockSettings::default() },
+            LockSettings { idle_release_ms: u64::MAX, ..LockSettings::default() },
+            LockSettings { lock_delay_ms: 3_600_001, ..LockSettings::default() },
+        ];
+        for settings in bad {
+            assert!(settings.check().is_err(), "{settings:?} accepted");
         }
     }
 
