@@ -549,7 +549,13 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
     let ca = setup::load_ca(&args.dir)?;
     let mut files = setup::Files::new();
     let dir = setup::stage_identity(&mut files, &args.dir, &ca, &role)?;
+    // A node's configuration may have been edited since it was written (its data directory, say):
+    // a certificate issued again (--force, a new key) keeps it.
+    let kept = setup::identity_dir(&args.dir, &role).join("node.toml");
     let companion = match (&role, args.addr) {
+        (Role::Node(_), _) if args.force && kept.exists() => {
+            Some(format!("nothing else: {} is kept as it is", kept.display()))
+        }
         (Role::Node(id), addr) => {
             let addr = match addr {
                 Some(addr) => addr,

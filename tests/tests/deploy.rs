@@ -129,8 +129,15 @@ fn certs_issue_takes_the_genesis_address_and_writes_all_or_nothing() {
     );
     assert!(text(&out.stderr).contains("Give --force"), "{out:?}");
     assert_eq!(cert(), before, "untouched");
+    // An edited node.toml (its store elsewhere) is kept: a fresh one would start a fresh store.
+    let config = dir.join("node-1/node.toml");
+    let edited =
+        std::fs::read_to_string(&config).unwrap().replace("data_dir = \"data\"", "data_dir = \"/srv/kh\"");
+    assert!(edited.contains("/srv/kh"), "{edited}");
+    std::fs::write(&config, &edited).unwrap();
     assert!(cli(&["certs", "issue", "--dir", d, "--node", "1", "--force"]).status.success());
     assert_ne!(cert(), before, "replaced");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), edited, "node.toml kept");
 
     // A bad profile address fails before the certificate is written.
     let out = cli(&["certs", "issue", "--dir", d, "--client", "app", "--addr", "1=bad address"]);
