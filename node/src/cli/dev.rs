@@ -76,7 +76,7 @@ pub async fn run(args: DevArgs) -> Result<ExitCode, Box<dyn std::error::Error>> 
     let restart = (!args.no_restart).then_some(args.restart_after);
     let count = nodes.len();
     let ready = tokio::select! {
-        r = demo_lock(&args.dir, count) => r,
+        r = demo_lock(&args.dir) => r,
         _ = nodes.supervise(restart) => Err("every node exited; see their node.log".into()),
     };
     if let Err(e) = ready {
@@ -276,36 +276,47 @@ fn http_hints(dir: &Path) -> Vec<String> {
     ]
 }
 
-/// Shows the new cluster locking: a key locked through node 1 and unlocked with a note, then
-/// through the last node, which receives the note; waits up to [`READY_WITHIN`] for the cluster
-/// to form.
-async fn demo_lock(dir: &Path, nodes: u64) -> Result<(), Box<dyn std::error::Error>> {
+/// Shows the cluster locking: a key locked through the profile's node (node 1) and unlocked with
+/// a note, then through the last member of the current epoch, which receives the note; waits up to
+/// [`READY_WITHIN`] for the cluster to form. Members only: a directory whose cluster had a node
+/// removed (the README's tour does) locks through those left.
+async fn demo_lock(dir: &Path) -> Result<(), Box<dyn std::error::Error>> {
     let profile_path = setup::identity_dir(dir, &Role::Client("app".into())).join("profile.toml");
     let profile = ClientProfile::load(&profile_path)?;
     let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
     let ca = keyhome::pki::load_ca(&profile.ca)?;
-    let last = NodeId(nodes);
-    let last_addr = NodeConfig::load(&setup::identity_dir(dir, &Role::Node(last)).join("node.toml"))?.listen;
+    let connect = |id: NodeId| {
+        let (identity, ca) = (&identity, &ca);
+        async move {
+            let config = NodeConfig::load(&setup::identity_dir(dir, &Role::Node(id)).join("node.toml"))?;
+            Client::connect_with(id, config.listen, identity, ca).await
+        }
+    };
     let deadline = Instant::now() + READY_WITHIN;
     let (ttl, wait) = (Duration::from_secs(5), Duration::from_secs(2));
     loop {
         let attempt = async {
             let first = Client::connect(&profile).await?;
+            let members: Vec<NodeId> = first.epoch().await?.member_ids().collect();
+            let (from, first) = match members.contains(&NodeId(profile.node)) {
+                true => (NodeId(profile.node), first),
+                false => (members[0], connect(members[0]).await?),
+            };
+            let last = members.iter().copied().filter(|&id| id != from).max().unwrap_or(from);
             let held = first.lock(b"hello", ttl, wait).await?;
             let token = held.token();
-            held.unlock(Some(b"hello from node 1".to_vec())).await?;
-            let other = Client::connect_with(last, last_addr, &identity, &ca).await?;
+            held.unlock(Some(format!("hello from node {from}").into_bytes())).await?;
+            let other = connect(last).await?;
             let held = other.lock(b"hello", ttl, wait).await?;
             let seen = (held.token(), String::from_utf8_lossy(held.note().unwrap_or_default()).into_owned());
             held.unlock(None).await?;
-            Ok::<_, keyhome::client::ClientError>((token, seen))
+            Ok::<_, keyhome::client::ClientError>((from, token, last, seen))
         };
         match attempt.await {
-            Ok((first, (second, note))) => {
+            Ok((from, first, last, (second, note))) => {
                 println!(
-                    "cluster ready: locked \"hello\" through node 1 (token {first}), then through node {} \
-                     (token {second}, handed the note {note:?})",
-                    last.0
+                    "cluster ready: locked \"hello\" through node {from} (token {first}), then through node \
+                     {last} (token {second}, handed the note {note:?})"
                 );
                 return Ok(());
             }
