@@ -277,7 +277,10 @@ async fn dev_hints_work_from_anywhere_ports_are_checked_and_logs_append() {
     stop(dev);
     let banner = format!("3 nodes on 127.0.0.1:{port}..{} (existing cluster", port + 2);
     assert!(hints.contains(&banner), "{hints}");
-    assert!(hints.contains("through node 1 (token") && hints.contains("then through node 2 (token"), "{hints}");
+    assert!(
+        hints.contains("through node 1 (token") && hints.contains("then through node 2 (token"),
+        "{hints}"
+    );
     let log = std::fs::read_to_string(dir.join("node-1/node.log")).unwrap();
     assert_eq!(log.matches("node started").count(), 2, "both runs' starts are in the log:\n{log}");
 }
