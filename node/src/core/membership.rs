@@ -7,18 +7,20 @@ use std::sync::Arc;
 
 use keyhome_epoch::{
     Change, EpochNode, EpochView, Event as EpochEvent, Instant, Member, Message as EpochMessage, NodeId,
-    ProposeError, Ready, ViewStamp,
+    ProposeError, Ready, ViewStamp, Write,
 };
 
 use super::outbox::Outbox;
 use super::{MAX_PERSIST_BACKLOG, MAX_TIMER_ROUNDS, Output, PeerMessage};
 use crate::activity::{EpochChange, EpochLog};
 
-/// A new view for every shard, and whether it comes with a new epoch (the shards then walk
-/// their keys through the change).
+/// A new view for every shard, whether it comes with a new epoch (the shards then walk their
+/// keys through the change), and whether that epoch is durable yet (until it is, the shards hold
+/// their messages for other nodes).
 pub(super) struct Published {
     pub view: Arc<EpochView>,
     pub new_epoch: bool,
+    pub durable: bool,
 }
 
 /// See the module docs.
@@ -39,6 +41,10 @@ pub(super) struct Membership {
     published: ViewStamp,
     /// A new epoch was learned since the last view was published.
     learned: bool,
+    /// The `Ready` that writes the newest epoch learned, until it is durable.
+    epoch_unsaved: Option<u64>,
+    /// Whether the last view published was of a durable epoch.
+    published_durable: bool,
 }
 
 impl Membership {
@@ -56,6 +62,8 @@ impl Membership {
             out: Outbox::default(),
             published,
             learned: false,
+            epoch_unsaved: None,
+            published_durable: true,
         };
         let current = membership.epoch.current();
         let (number, members) = (current.number, current.member_ids().collect());
@@ -92,6 +100,9 @@ impl Membership {
                 self.out.send(to, PeerMessage::Epoch(message));
             }
         }
+        if self.epoch_unsaved.is_some_and(|n| n <= number) {
+            self.epoch_unsaved = None;
+        }
         self.epoch.advance(now, number);
         self.settle(now);
     }
@@ -126,12 +137,14 @@ impl Membership {
     /// lease gained, renewed or lost.
     pub fn publish(&mut self) -> Option<Published> {
         let stamp = self.epoch.view_stamp();
-        if stamp == self.published && !self.learned {
+        let durable = self.epoch_unsaved.is_none();
+        if stamp == self.published && !self.learned && durable == self.published_durable {
             return None;
         }
         self.published = stamp;
+        self.published_durable = durable;
         let new_epoch = std::mem::take(&mut self.learned);
-        Some(Published { view: Arc::new(self.epoch.view()), new_epoch })
+        Some(Published { view: Arc::new(self.epoch.view()), new_epoch, durable })
     }
 
     // ---- views ----
@@ -190,6 +203,9 @@ impl Membership {
         let gated = ready.needs_advance();
         for t in ready.messages {
             self.out.send(t.to, PeerMessage::Epoch(t.message));
+        }
+        if ready.writes.iter().any(|w| matches!(w, Write::Epoch(_))) {
+            self.epoch_unsaved = Some(ready.number);
         }
         if gated && !self.out.failed() {
             let messages = ready.persisted_messages.into_iter().map(|t| (t.to, t.message)).collect();

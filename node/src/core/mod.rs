@@ -16,7 +16,8 @@
 //! - [`Output::Notice`]: a client handle was recalled (its owner should unlock) or expired;
 //! - [`Output::EpochLearned`]: the runtime refreshes its links;
 //! - [`Output::Observed`]: only when asked for ([`Core::observe_local`]), a copy of each
-//!   delegation message this node delivered to itself, so a checker sees every grant.
+//!   delegation message this node delivered to itself, and of each one for another node held
+//!   until its epoch is durable (as it is made), so a checker sees every grant when it is made.
 //!
 //! # Shards
 //!
@@ -174,9 +175,12 @@ pub enum Output {
         epoch: u64,
         members: Vec<NodeId>,
     },
-    /// A delegation message this node delivered to itself (see [`Core::observe_local`]).
+    /// A delegation message this node delivered to itself, or (`held`) one for another node that
+    /// waits until the epoch it carries is durable: its [`Output::Transmit`] follows then (see
+    /// [`Core::observe_local`]).
     Observed {
         message: DMessage,
+        held: bool,
     },
 }
 
@@ -390,8 +394,9 @@ impl Core {
         }
     }
 
-    /// Whether to report each delegation message this node delivers to itself as an
-    /// [`Output::Observed`] (for checkers; off by default, and costs a copy per message).
+    /// Whether to report each delegation message this node delivers to itself, or holds for
+    /// another node, as an [`Output::Observed`] (for checkers; off by default, and costs a copy
+    /// per message).
     pub fn observe_local(&self, on: bool) {
         for slot in &self.shards {
             lock(&slot.0).observe_local = on;

@@ -19,6 +19,10 @@ pub(super) struct Outbox {
     pub messages: MessageCounts,
     /// Once set (a write failed), nothing leaves this part any more.
     failed: bool,
+    /// While set, messages for other nodes wait in `held`, in order: they carry an epoch whose
+    /// write is not durable yet (see [`Outbox::hold`]).
+    holding: bool,
+    held: Vec<Output>,
 }
 
 impl Outbox {
@@ -37,7 +41,27 @@ impl Outbox {
         if matches!(message, PeerMessage::Delegation(_)) {
             self.counters.delegation_sent += 1;
         }
-        self.queue.push_back(Output::Transmit { to, message });
+        let output = Output::Transmit { to, message };
+        if self.holding {
+            self.held.push(output);
+        } else {
+            self.queue.push_back(output);
+        }
+    }
+
+    /// Whether messages for other nodes are being held.
+    pub fn holding(&self) -> bool {
+        self.holding
+    }
+
+    /// From now on holds the messages for other nodes (`true`: a key shard works under an epoch
+    /// not yet durable, and a crash could take the node back below what they carry), or lets
+    /// them go, those held first.
+    pub fn hold(&mut self, hold: bool) {
+        self.holding = hold;
+        if !hold {
+            self.queue.extend(self.held.drain(..));
+        }
     }
 
     /// Counts an epoch message received from another node.
@@ -57,6 +81,7 @@ impl Outbox {
     /// more is sent.
     pub fn fail(&mut self) {
         self.failed = true;
+        self.held.clear();
         self.queue.retain(|o| !matches!(o, Output::Transmit { .. } | Output::Persist { .. }));
     }
 

@@ -116,7 +116,7 @@ pub(super) struct Shard {
     pub hot: HotKeys,
     lock_wait: prometheus_client::metrics::histogram::Histogram,
     lock_hold: prometheus_client::metrics::histogram::Histogram,
-    /// Report local deliveries as [`Output::Observed`].
+    /// Report local deliveries, and messages held for other nodes, as [`Output::Observed`].
     pub observe_local: bool,
     /// The earliest deadline of the home and the token checks as [`Shard::poll_timeout`] last
     /// found it.
@@ -182,6 +182,7 @@ impl Shard {
     /// their keys through the change (and take its first step).
     pub fn publish(&mut self, now: Instant, published: &Published) {
         self.view = Arc::clone(&published.view);
+        self.out.hold(!published.durable);
         if published.new_epoch {
             self.home.on_epoch_change(now, &*self.view);
             self.holder.on_epoch_change(now, &*self.view);
@@ -446,6 +447,9 @@ impl Shard {
             self.out.counters.local_delivered += 1;
             self.local.push_back(message);
         } else {
+            if self.observe_local && self.out.holding() {
+                self.out.push(Output::Observed { message: message.clone(), held: true });
+            }
             self.out.send(to, PeerMessage::Delegation(message));
         }
     }
@@ -519,7 +523,7 @@ impl Shard {
             match self.local.pop_front() {
                 Some(message) => {
                     if self.observe_local {
-                        self.out.push(Output::Observed { message: message.clone() });
+                        self.out.push(Output::Observed { message: message.clone(), held: false });
                     }
                     self.deliver(now, self.id, message)
                 }

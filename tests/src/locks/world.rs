@@ -171,6 +171,9 @@ struct Slot {
     run: u64,
     /// Persistence requests not yet durable, oldest first.
     disk: Disk,
+    /// Delegation messages the core holds until their epoch is durable, checked when they were
+    /// made ([`Output::Observed`] `held`); their transmission is not checked again.
+    held: Vec<DMessage>,
     timer_generation: u64,
     /// Frozen until this real instant.
     paused_until: Real,
@@ -280,6 +283,7 @@ impl LockWorld {
                 home_started: Instant::ZERO,
                 run: 0,
                 disk: Disk::default(),
+                held: Vec::new(),
                 timer_generation: 0,
                 paused_until: 0,
                 walk_next: 0,
@@ -523,6 +527,7 @@ impl LockWorld {
         }
         slot.glue = Glue::default();
         slot.disk.lose();
+        slot.held.clear();
         slot.timer_generation += 1;
         slot.paused_until = 0;
         let now = self.now;
@@ -597,10 +602,21 @@ impl LockWorld {
                         self.send_epoch(i, to, message)
                     }
                     Output::Transmit { to, message: PeerMessage::Delegation(message) } => {
-                        self.observe_deleg(i, &message);
+                        self.check_epoch_durable(i, message.epoch);
+                        // A message held until its epoch was durable was checked when it was made.
+                        let held = &mut self.slots[i].held;
+                        match held.iter().position(|m| *m == message) {
+                            Some(at) => drop(held.swap_remove(at)),
+                            None => self.observe_deleg(i, &message),
+                        }
                         self.send_deleg(i, to, message);
                     }
-                    Output::Observed { message } => self.observe_deleg(i, &message),
+                    Output::Observed { message, held } => {
+                        self.observe_deleg(i, &message);
+                        if held {
+                            self.slots[i].held.push(message);
+                        }
+                    }
                     Output::Persist { number, writes } => {
                         let was_idle = self.slots[i].disk.push(number, writes);
                         if was_idle {
@@ -617,6 +633,19 @@ impl LockWorld {
             let slot = &mut self.slots[i];
             let (Some(core), Some(handle)) = (slot.core.as_ref(), slot.glue.unclaimed.pop()) else { return };
             callers::give_back(core, now, handle, &mut slot.glue);
+        }
+    }
+
+    /// The epoch floor for delegation messages: node `i` sends none under an epoch its disk does not
+    /// hold yet (a crash would take it back below a message it sent).
+    fn check_epoch_durable(&mut self, i: usize, epoch: u64) {
+        let durable = self.slots[i].durable.current.number;
+        if epoch > durable {
+            self.checker.violation(
+                self.now,
+                LockKind::Epoch(crate::Kind::BelowFloor),
+                format!("node {i} sent a delegation message under epoch {epoch}, while its disk holds epoch {durable}"),
+            );
         }
     }
 
