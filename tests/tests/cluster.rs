@@ -457,6 +457,21 @@ async fn a_member_heard_of_before_its_epoch_is_reached_once_it_is_learned() {
     drop(silent);
 }
 
+/// A first start that stopped before its store's first commit leaves an empty file; the next
+/// start creates the store from the genesis (review: every later start failed with "not
+/// initialised" until someone deleted the file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_store_left_by_a_first_start_is_created_again() {
+    let mut cluster = Cluster::layout(Options::default());
+    let config = keyhome::config::NodeConfig::load(&cluster.node_config(1)).expect("node 1's config");
+    std::fs::create_dir_all(&config.data_dir).expect("data directory");
+    std::fs::File::create(config.store_path()).expect("an empty store file");
+    for id in cluster.ids() {
+        cluster.start_node(id);
+    }
+    cluster.wait_ready(&cluster.ids(), 1).await;
+}
+
 // ---- 7 ----
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
