@@ -70,8 +70,10 @@ pub struct Limits {
     /// unanswered [8].
     pub failed_handshakes_per_addr: u32,
     /// An address earns back one failed handshake per this long, ms [1000].
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub failed_handshake_refill_ms: u64,
     /// A client request must arrive whole within this long of its stream opening, ms [5000].
+    #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub request_timeout_ms: u64,
     /// Bytes of requests still arriving held at once per client connection [262144]; at least
     /// the largest request (65536).

@@ -399,7 +399,10 @@ impl Client {
                     let (mut send, mut recv) = conn.open_bi().await?;
                     wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
                     match wire::read_frame(&mut recv, MAX_CLIENT_FRAME).await? {
-                        Some(Response::Subscribed) => Ok(Events(EventSource::Quic { _send: send, recv })),
+                        Some(Response::Subscribed) => {
+                            let frames = tokio_util::codec::FramedRead::new(recv, crate::local::codec());
+                            Ok(Events(EventSource::Quic { _send: send, frames }))
+                        }
                         Some(Response::Error(e)) => Err(ClientError::Api(e)),
                         Some(_) => Err(ClientError::Unexpected),
                         None => Err(ClientError::NoAnswer),
@@ -474,15 +477,21 @@ async fn confirmed(conn: &quinn::Connection) -> Result<(), quinn::ConnectionErro
 pub struct Events(EventSource);
 
 enum EventSource {
-    Quic { _send: quinn::SendStream, recv: quinn::RecvStream },
+    /// Framed with a buffer of its own, so a `next` dropped halfway through a frame loses nothing.
+    Quic {
+        _send: quinn::SendStream,
+        frames: tokio_util::codec::FramedRead<quinn::RecvStream, tokio_util::codec::LengthDelimitedCodec>,
+    },
     Local(tokio::sync::mpsc::Receiver<ClientEvent>),
 }
 
 impl Events {
-    /// The next event; `None` once the connection ends.
+    /// The next event; `None` once the connection ends. Cancel-safe on both transports (a
+    /// `select!` may drop it): an event half read stays for the next call.
     pub async fn next(&mut self) -> Option<ClientEvent> {
+        use futures_util::StreamExt;
         match &mut self.0 {
-            EventSource::Quic { recv, .. } => wire::read_frame(recv, MAX_CLIENT_FRAME).await.ok().flatten(),
+            EventSource::Quic { frames, .. } => wire::decode(&frames.next().await?.ok()?).ok(),
             EventSource::Local(rx) => rx.recv().await,
         }
     }

@@ -270,7 +270,10 @@ pub struct HttpConfig {
     pub tokens: PathBuf,
     /// A request's headers and body must arrive within this long, else it is answered 408 (or
     /// the connection closed) [10 000].
-    #[serde(default = "HttpConfig::default_request_timeout_ms")]
+    #[serde(
+        default = "HttpConfig::default_request_timeout_ms",
+        deserialize_with = "crate::duration::ms_or_text"
+    )]
     pub request_timeout_ms: u64,
     /// Most connections served at once over both listeners [1024]. Past it, a few more (32) are
     /// answered at once and closed: the probes (`/healthz`, `/readyz`) as usual, every other route
@@ -380,6 +383,12 @@ impl NodeConfig {
                     message: "[http] needs `listen` (a TCP address), `unix` (a socket path) or both".into(),
                 });
             }
+            if http.request_timeout_ms == 0 {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: "http.request_timeout_ms = 0: a request could never arrive in time".into(),
+                });
+            }
             if !(1..=MAX_CONNECTIONS).contains(&http.max_connections) {
                 return Err(ConfigError::Invalid {
                     path: path.to_path_buf(),
@@ -393,6 +402,12 @@ impl NodeConfig {
         if let Some(local) = &mut config.local {
             local.socket = resolve(&base, &local.socket);
             local.check().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        }
+        if config.shards > crate::core::MAX_SHARDS {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("shards = {} is more than {}", config.shards, crate::core::MAX_SHARDS),
+            });
         }
         if config.busy_poll_us > crate::busy_poll::MAX_WINDOW.as_micros() as u64 {
             return Err(ConfigError::Invalid {
@@ -586,6 +601,19 @@ mod tests {
             local.allow = vec![bad.clone()];
             assert!(local.check().is_err(), "{bad:?} accepted");
         }
+    }
+
+    /// Every `_ms` field takes a duration as text too, as operations.md says (review: the HTTP and
+    /// admission timeouts took integers only).
+    #[test]
+    fn every_ms_field_takes_a_duration_text() {
+        let text = "request_timeout_ms = \"5s\"\nfailed_handshake_refill_ms = \"1.5s\"";
+        let limits: crate::admission::Limits = toml::from_str(text).expect("limits");
+        assert_eq!((limits.request_timeout_ms, limits.failed_handshake_refill_ms), (5_000, 1_500));
+        let http: HttpConfig = toml::from_str("tokens = \"t\"\nrequest_timeout_ms = \"10s\"").expect("http");
+        assert_eq!(http.request_timeout_ms, 10_000);
+        let locks: LockSettings = toml::from_str("delegation_lease_ms = \"2s\"").expect("locks");
+        assert_eq!(locks.delegation_lease_ms, 2_000);
     }
 
     #[test]
