@@ -234,11 +234,20 @@ impl EpochRecord {
         retired
     }
 
-    /// A digest of the whole record that peers compare (the genesis digest in particular).
+    /// A digest of the whole record that peers compare (the genesis digest in particular). A
+    /// record with none retired is hashed as it was encoded before `retired` existed, so a
+    /// genesis (none retired) has the same digest for every version.
     pub fn digest(&self) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new_derive_key("keyhome epoch record v1");
-        // postcard encoding of plain data into a Vec cannot fail.
-        let bytes = postcard::to_stdvec(self).unwrap_or_default();
+        // postcard encoding of plain data into a Vec cannot fail; a tuple encodes as the struct
+        // of the same fields does.
+        let bytes = if self.retired.is_empty() {
+            let fields = (self.number, &self.members, self.ring_version, &self.timing, self.activation_wait);
+            postcard::to_stdvec(&fields)
+        } else {
+            postcard::to_stdvec(self)
+        }
+        .unwrap_or_default();
         hasher.update(&bytes);
         *hasher.finalize().as_bytes()
     }
@@ -279,6 +288,20 @@ pub(crate) mod tests {
         assert_eq!(g.member_ids().collect::<Vec<_>>(), vec![NodeId(1), NodeId(2), NodeId(3)]);
         assert_eq!(g.majority(), 2);
         assert!(g.is_member(NodeId(2)) && !g.is_member(NodeId(4)));
+    }
+
+    /// A record with none retired hashes as before `retired` existed (its encoding less the
+    /// empty list's length byte), so every version agrees on a genesis digest.
+    #[test]
+    fn the_digest_of_a_record_with_none_retired_is_unchanged() {
+        let g = EpochRecord::genesis(members(&[1, 2]), Timing::DEFAULT).unwrap();
+        let mut encoded = postcard::to_stdvec(&g).unwrap();
+        assert_eq!(encoded.pop(), Some(0), "the empty list ends the encoding");
+        let mut hasher = blake3::Hasher::new_derive_key("keyhome epoch record v1");
+        hasher.update(&encoded);
+        assert_eq!(g.digest(), *hasher.finalize().as_bytes());
+        let retired = EpochRecord { retired: vec![NodeId(9)], ..g.clone() };
+        assert_ne!(retired.digest(), g.digest());
     }
 
     #[test]

@@ -553,7 +553,15 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
     // a certificate issued again (--force, a new key) keeps it.
     let kept = setup::identity_dir(&args.dir, &role).join("node.toml");
     let companion = match (&role, args.addr) {
-        (Role::Node(_), _) if args.force && kept.exists() => {
+        (Role::Node(_), Some(_)) if args.force && kept.exists() => {
+            return Err(format!(
+                "{} exists and --force keeps it: change its listen address by hand, or remove it to have \
+                 one written for --addr",
+                kept.display()
+            )
+            .into());
+        }
+        (Role::Node(_), None) if args.force && kept.exists() => {
             Some(format!("nothing else: {} is kept as it is", kept.display()))
         }
         (Role::Node(id), addr) => {

@@ -168,7 +168,8 @@ impl Sink for Carrier<'_> {
                 let mut links = lock(&shared.links);
                 let link = links.entry(to).or_insert_with(|| shared.spawn_link(to));
                 // Its task ended (the peer had no known address then: a node of a later epoch
-                // this node had not learned): a new one, which finds the address if it is known now.
+                // this node had not learned): a new one, which finds the address if it is known now
+                // (and else ends at once, counting what it was given as dropped).
                 if link.tx.is_closed() {
                     *link = shared.spawn_link(to);
                 }
@@ -547,7 +548,7 @@ impl Node {
         // `None`: a drain too long to count (`Duration::MAX`) waits for the handles alone.
         let deadline = tokio::time::Instant::now().checked_add(drain);
         while deadline.is_none_or(|d| tokio::time::Instant::now() < d)
-            && (shared.core.has_handles() || !shared.links_idle())
+            && (shared.core.has_handles() || shared.core.has_held() || !shared.links_idle())
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
@@ -1038,6 +1039,7 @@ async fn run_link(
         // hear of the epoch that removed it (to hand its keys over), and it asks until it does.
         let addr = shared.core.link_addr(peer);
         let Some(addr) = addr else {
+            shared.core.count_dropped(rx.len() as u64);
             return;
         };
         match connect(&shared, peer, &addr).await {

@@ -18,7 +18,8 @@
 //! Every value is decoded with a size bound ([`MAX_VALUE_LEN`]) and must be consumed exactly; a
 //! missing, oversized or undecodable value is reported as [`StoreError::Corrupt`], never a panic.
 //! `schema` is checked first on [`RedbStore::open`]: a version this binary does not know is
-//! [`StoreError::UnknownSchema`].
+//! [`StoreError::UnknownSchema`]. A schema 1 store (its records without `retired`) is read as
+//! records with none retired and rewritten as schema 2 in one transaction when it is opened.
 //!
 //! # Guarantees
 //!
@@ -200,6 +201,14 @@ impl RedbStore {
             Err(e) => return Err(db_error(&path, Op::Open, "open database", e.into())),
         };
         let (identity, state) = read_all(&db, &path, Op::Open)?;
+        if read_schema(&db, &path, Op::Open)? != SCHEMA_VERSION {
+            let values = [
+                (KEY_SCHEMA, encode(&path, KEY_SCHEMA, &SCHEMA_VERSION)?),
+                (KEY_CURRENT_EPOCH, encode(&path, KEY_CURRENT_EPOCH, &state.current)?),
+                (KEY_ACCEPTOR, encode(&path, KEY_ACCEPTOR, &state.acceptor)?),
+            ];
+            write_values(&db, &path, Op::Open, &values)?;
+        }
         Ok(RedbStore { db, path, identity, state, poisoned: false })
     }
 
@@ -312,17 +321,61 @@ fn read_all(db: &Database, path: &Path, op: Op) -> Result<(NodeId, Durable), Sto
         return Err(StoreError::NotInitialised { path: path.to_path_buf(), key: KEY_SCHEMA });
     };
     let schema: u32 = decode(path, KEY_SCHEMA, &schema)?;
-    if schema != SCHEMA_VERSION {
-        return Err(StoreError::UnknownSchema(schema));
-    }
+    let (current, acceptor) = match schema {
+        SCHEMA_VERSION => (
+            decode::<EpochRecord>(path, KEY_CURRENT_EPOCH, &field(KEY_CURRENT_EPOCH)?)?,
+            decode::<AcceptorState<EpochRecord>>(path, KEY_ACCEPTOR, &field(KEY_ACCEPTOR)?)?,
+        ),
+        1 => {
+            let current = decode::<RecordV1>(path, KEY_CURRENT_EPOCH, &field(KEY_CURRENT_EPOCH)?)?;
+            let acceptor = decode::<AcceptorState<RecordV1>>(path, KEY_ACCEPTOR, &field(KEY_ACCEPTOR)?)?;
+            let accepted = acceptor.accepted.map(|(ballot, value)| (ballot, value.into()));
+            (current.into(), AcceptorState { promised: acceptor.promised, accepted })
+        }
+        other => return Err(StoreError::UnknownSchema(other)),
+    };
     let identity = decode(path, KEY_IDENTITY, &field(KEY_IDENTITY)?)?;
     let state = Durable {
         genesis_digest: decode(path, KEY_GENESIS_DIGEST, &field(KEY_GENESIS_DIGEST)?)?,
-        current: decode::<EpochRecord>(path, KEY_CURRENT_EPOCH, &field(KEY_CURRENT_EPOCH)?)?,
-        acceptor: decode::<AcceptorState<EpochRecord>>(path, KEY_ACCEPTOR, &field(KEY_ACCEPTOR)?)?,
+        current,
+        acceptor,
         incarnation: decode(path, KEY_INCARNATION, &field(KEY_INCARNATION)?)?,
     };
     Ok((identity, state))
+}
+
+/// The schema version the store was written under.
+fn read_schema(db: &Database, path: &Path, op: Op) -> Result<u32, StoreError> {
+    let db_err = |step, e: redb::Error| db_error(path, op, step, e);
+    let txn = db.begin_read().map_err(|e| db_err("begin read transaction", e.into()))?;
+    let table = txn.open_table(META).map_err(|e| db_err("open table `meta`", e.into()))?;
+    let value = table.get(KEY_SCHEMA).map_err(|e| db_err("read value", e.into()))?;
+    let bytes = value.map(|v| v.value().to_vec()).unwrap_or_default();
+    decode(path, KEY_SCHEMA, &bytes)
+}
+
+/// An epoch record as schema 1 stored it: [`EpochRecord`] before `retired` (so none retired).
+#[derive(serde::Deserialize)]
+struct RecordV1 {
+    number: u64,
+    members: Vec<keyhome_epoch::Member>,
+    ring_version: u32,
+    timing: keyhome_epoch::Timing,
+    activation_wait: std::time::Duration,
+}
+
+impl From<RecordV1> for EpochRecord {
+    fn from(r: RecordV1) -> EpochRecord {
+        let (number, members, ring_version, timing) = (r.number, r.members, r.ring_version, r.timing);
+        EpochRecord {
+            number,
+            members,
+            ring_version,
+            timing,
+            activation_wait: r.activation_wait,
+            retired: Vec::new(),
+        }
+    }
 }
 
 fn encode<T: Serialize>(path: &Path, what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {

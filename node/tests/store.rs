@@ -457,3 +457,31 @@ fn layout_is_as_documented() {
     let identity = table.get("identity").unwrap().unwrap();
     assert_eq!(postcard::from_bytes::<NodeId>(identity.value()).unwrap(), NodeId(3));
 }
+
+/// A store written before epoch records listed their retired nodes (schema 1) opens with none
+/// retired, and is rewritten as schema 2 at once: a record written since (with a retired node)
+/// reads back after the next open, which a store still marked schema 1 would misread.
+#[test]
+fn a_schema_1_store_is_migrated_when_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = store_path(&dir);
+    RedbStore::create(&path, &genesis(), NodeId(1)).unwrap();
+    let v1 = |r: &EpochRecord| (r.number, r.members.clone(), r.ring_version, r.timing, r.activation_wait);
+    let (current, proposed) = (epoch(2, &[1, 2, 3]), epoch(3, &[1, 2]));
+    let ballot = Ballot { round: 4, proposer: NodeId(2) };
+    let acceptor = AcceptorState { promised: Some(ballot), accepted: Some((ballot, v1(&proposed))) };
+    put_raw(&path, "schema", &postcard::to_stdvec(&1u32).unwrap());
+    put_raw(&path, "current_epoch", &postcard::to_stdvec(&v1(&current)).unwrap());
+    put_raw(&path, "acceptor", &postcard::to_stdvec(&acceptor).unwrap());
+
+    let mut store = RedbStore::open(&path).expect("a schema 1 store opens");
+    let state = store.load().unwrap().unwrap();
+    assert_eq!(state.current, current);
+    assert_eq!(state.acceptor.accepted, Some((ballot, proposed)));
+    let mut retiring = epoch(4, &[1, 2]);
+    retiring.retired = vec![NodeId(3)];
+    store.commit(&[Write::Epoch(retiring.clone())]).unwrap();
+    drop(store);
+    let store = RedbStore::open(&path).expect("reopened as schema 2");
+    assert_eq!(store.load().unwrap().unwrap().current, retiring);
+}

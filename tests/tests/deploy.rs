@@ -138,6 +138,10 @@ fn certs_issue_takes_the_genesis_address_and_writes_all_or_nothing() {
     assert!(cli(&["certs", "issue", "--dir", d, "--node", "1", "--force"]).status.success());
     assert_ne!(cert(), before, "replaced");
     assert_eq!(std::fs::read_to_string(&config).unwrap(), edited, "node.toml kept");
+    // ... so an --addr it would not follow is refused, not ignored.
+    let out = cli(&["certs", "issue", "--dir", d, "--node", "1", "--force", "--addr", "127.0.0.1:7609"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(text(&out.stderr).contains("--force keeps it"), "{out:?}");
 
     // A bad profile address fails before the certificate is written.
     let out = cli(&["certs", "issue", "--dir", d, "--client", "app", "--addr", "1=bad address"]);

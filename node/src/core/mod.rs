@@ -572,6 +572,12 @@ impl Core {
         self.shards.iter().any(|slot| lock(&slot.0).holder.has_handles())
     }
 
+    /// Whether a key shard holds messages for other nodes until an epoch is durable (a shutdown
+    /// waits for them too: its releases may be among them).
+    pub fn has_held(&self) -> bool {
+        self.shards.iter().any(|slot| lock(&slot.0).out.has_held())
+    }
+
     // ---- views ----
 
     pub fn id(&self) -> NodeId {

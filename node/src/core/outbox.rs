@@ -49,6 +49,11 @@ impl Outbox {
         }
     }
 
+    /// Whether any message for another node is held now.
+    pub fn has_held(&self) -> bool {
+        !self.held.is_empty()
+    }
+
     /// Whether messages for other nodes are being held.
     pub fn holding(&self) -> bool {
         self.holding
