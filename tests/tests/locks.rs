@@ -41,7 +41,9 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
     assert!(sum(|r| r.stats.immediate) >= 5_000, "local re-locks {}", sum(|r| r.stats.immediate));
     assert!(sum(|r| r.stats.notes_delivered) >= 10_000);
     assert!(sum(|r| r.stats.recovered) >= 10_000);
-    assert!(sum(|r| r.stats.writes_refused) >= 10, "refused {}", sum(|r| r.stats.writes_refused));
+    // Stale writes are rare in this mix (7 in these seeds since delegation messages wait for
+    // their epoch to be durable, 16 before): the floor says fencing is exercised at all.
+    assert!(sum(|r| r.stats.writes_refused) >= 5, "refused {}", sum(|r| r.stats.writes_refused));
     assert!(sum(|r| r.stats.pauses) >= 200);
     assert!(sum(|r| r.stats.probes_ok) >= 1_500, "probes {}", sum(|r| r.stats.probes_ok));
     assert!(sum(|r| r.stats.given_back_from_reply) >= 500, "{}", sum(|r| r.stats.given_back_from_reply));
