@@ -112,6 +112,33 @@ pub struct EpochRecord {
     pub retired: Vec<NodeId>,
 }
 
+/// An epoch record as encoded before `retired` existed (store schema 1): what an old store holds,
+/// and what a record with none retired hashes as ([`EpochRecord::digest`]). `M` is the members'
+/// container: owned to decode, borrowed to encode (both encode alike).
+#[derive(Serialize, Deserialize)]
+pub struct RecordV1<M = Vec<Member>> {
+    pub number: u64,
+    pub members: M,
+    pub ring_version: u32,
+    pub timing: Timing,
+    pub activation_wait: Duration,
+}
+
+impl From<RecordV1> for EpochRecord {
+    /// The record with none retired.
+    fn from(r: RecordV1) -> EpochRecord {
+        let (number, members, ring_version, timing) = (r.number, r.members, r.ring_version, r.timing);
+        EpochRecord {
+            number,
+            members,
+            ring_version,
+            timing,
+            activation_wait: r.activation_wait,
+            retired: Vec::new(),
+        }
+    }
+}
+
 /// Why a record, or a change to one, is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -239,11 +266,15 @@ impl EpochRecord {
     /// genesis (none retired) has the same digest for every version.
     pub fn digest(&self) -> [u8; 32] {
         let mut hasher = blake3::Hasher::new_derive_key("keyhome epoch record v1");
-        // postcard encoding of plain data into a Vec cannot fail; a tuple encodes as the struct
-        // of the same fields does.
+        // postcard encoding of plain data into a Vec cannot fail.
         let bytes = if self.retired.is_empty() {
-            let fields = (self.number, &self.members, self.ring_version, &self.timing, self.activation_wait);
-            postcard::to_stdvec(&fields)
+            postcard::to_stdvec(&RecordV1 {
+                number: self.number,
+                members: &self.members[..],
+                ring_version: self.ring_version,
+                timing: self.timing,
+                activation_wait: self.activation_wait,
+            })
         } else {
             postcard::to_stdvec(self)
         }

@@ -329,8 +329,8 @@ pub struct LockSettings {
 }
 
 impl LockSettings {
-    /// Longest any of these durations may be (an hour: the longest lease an epoch allows).
-    const MAX_MS: u64 = 3_600_000;
+    /// Longest any of these durations may be: the longest lease an epoch allows (an hour).
+    const MAX_MS: u64 = keyhome_epoch::record::MAX_LEASE.as_millis() as u64;
 
     /// Checks the bounds: a delegation lease of 1 ms to an hour, the others at most an hour.
     pub fn check(&self) -> Result<(), String> {

@@ -586,14 +586,13 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
     // A first start that stopped before its first commit (which writes every field at once) left
     // an empty file, or a database without a table: nothing was promised or sent, so it starts
     // over (`create` refuses a file holding any table).
-    let empty = std::fs::metadata(&path).is_ok_and(|m| m.len() == 0);
-    if path.exists() && !empty {
-        match RedbStore::open(&path) {
-            Err(crate::store::StoreError::NotInitialised { .. }) => {}
-            opened => return Ok(opened?),
+    if let Ok(meta) = std::fs::metadata(&path) {
+        if meta.len() > 0 {
+            match RedbStore::open(&path) {
+                Err(crate::store::StoreError::NotInitialised { .. }) => {}
+                opened => return Ok(opened?),
+            }
         }
-    }
-    if path.exists() {
         tracing::warn!(path = %path.display(), "the store holds nothing (a first start stopped early)");
     }
     std::fs::create_dir_all(&config.data_dir)

@@ -45,6 +45,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use keyhome_epoch::paxos::AcceptorState;
+use keyhome_epoch::record::RecordV1;
 use keyhome_epoch::{Durable, EpochRecord, NodeId, Storage, Write};
 use redb::{Database, Durability, ReadableDatabase, TableDefinition};
 use serde::Serialize;
@@ -200,8 +201,8 @@ impl RedbStore {
             }
             Err(e) => return Err(db_error(&path, Op::Open, "open database", e.into())),
         };
-        let (identity, state) = read_all(&db, &path, Op::Open)?;
-        if read_schema(&db, &path, Op::Open)? != SCHEMA_VERSION {
+        let (identity, state, schema) = read_all(&db, &path, Op::Open)?;
+        if schema != SCHEMA_VERSION {
             let values = [
                 (KEY_SCHEMA, encode(&path, KEY_SCHEMA, &SCHEMA_VERSION)?),
                 (KEY_CURRENT_EPOCH, encode(&path, KEY_CURRENT_EPOCH, &state.current)?),
@@ -255,7 +256,7 @@ impl Storage for RedbStore {
 
     /// Reads the state back from the file (never `None`: a `RedbStore` is always initialised).
     fn load(&self) -> Result<Option<Durable>, StoreError> {
-        read_all(&self.db, &self.path, Op::Load).map(|(_, state)| Some(state))
+        read_all(&self.db, &self.path, Op::Load).map(|(_, state, _)| Some(state))
     }
 
     fn commit(&mut self, writes: &[Write]) -> Result<(), StoreError> {
@@ -294,8 +295,9 @@ fn db_error(path: &Path, op: Op, step: &'static str, e: redb::Error) -> StoreErr
     StoreError::Db { path: path.to_path_buf(), op, step, source: Box::new(e) }
 }
 
-/// Reads and decodes every field, checking the schema version first.
-fn read_all(db: &Database, path: &Path, op: Op) -> Result<(NodeId, Durable), StoreError> {
+/// Reads and decodes every field, checking the schema version first, and says which version
+/// the store was written under (a schema 1 store's records are read with none retired).
+fn read_all(db: &Database, path: &Path, op: Op) -> Result<(NodeId, Durable, u32), StoreError> {
     let db_err = |step, e: redb::Error| db_error(path, op, step, e);
     let txn = db.begin_read().map_err(|e| db_err("begin read transaction", e.into()))?;
     let table = match txn.open_table(META) {
@@ -341,41 +343,7 @@ fn read_all(db: &Database, path: &Path, op: Op) -> Result<(NodeId, Durable), Sto
         acceptor,
         incarnation: decode(path, KEY_INCARNATION, &field(KEY_INCARNATION)?)?,
     };
-    Ok((identity, state))
-}
-
-/// The schema version the store was written under.
-fn read_schema(db: &Database, path: &Path, op: Op) -> Result<u32, StoreError> {
-    let db_err = |step, e: redb::Error| db_error(path, op, step, e);
-    let txn = db.begin_read().map_err(|e| db_err("begin read transaction", e.into()))?;
-    let table = txn.open_table(META).map_err(|e| db_err("open table `meta`", e.into()))?;
-    let value = table.get(KEY_SCHEMA).map_err(|e| db_err("read value", e.into()))?;
-    let bytes = value.map(|v| v.value().to_vec()).unwrap_or_default();
-    decode(path, KEY_SCHEMA, &bytes)
-}
-
-/// An epoch record as schema 1 stored it: [`EpochRecord`] before `retired` (so none retired).
-#[derive(serde::Deserialize)]
-struct RecordV1 {
-    number: u64,
-    members: Vec<keyhome_epoch::Member>,
-    ring_version: u32,
-    timing: keyhome_epoch::Timing,
-    activation_wait: std::time::Duration,
-}
-
-impl From<RecordV1> for EpochRecord {
-    fn from(r: RecordV1) -> EpochRecord {
-        let (number, members, ring_version, timing) = (r.number, r.members, r.ring_version, r.timing);
-        EpochRecord {
-            number,
-            members,
-            ring_version,
-            timing,
-            activation_wait: r.activation_wait,
-            retired: Vec::new(),
-        }
-    }
+    Ok((identity, state, schema))
 }
 
 fn encode<T: Serialize>(path: &Path, what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {

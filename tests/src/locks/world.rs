@@ -606,7 +606,9 @@ impl LockWorld {
                         // A message held until its epoch was durable was checked when it was made.
                         let held = &mut self.slots[i].held;
                         match held.iter().position(|m| *m == message) {
-                            Some(at) => drop(held.swap_remove(at)),
+                            Some(at) => {
+                                held.swap_remove(at);
+                            }
                             None => self.observe_deleg(i, &message),
                         }
                         self.send_deleg(i, to, message);
