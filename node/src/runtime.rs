@@ -595,7 +595,7 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
         }
         tracing::warn!(path = %path.display(), "the store holds nothing (a first start stopped early)");
     }
-    std::fs::create_dir_all(&config.data_dir)
+    crate::store::create_dir_durably(&config.data_dir)
         .map_err(|source| NodeError::DataDir { path: config.data_dir.clone(), source })?;
     let genesis = GenesisFile::load(&config.genesis)?.record(&config.genesis)?;
     tracing::info!(path = %path.display(), "first start: creating the store from the genesis");

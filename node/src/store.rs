@@ -370,6 +370,24 @@ fn decode<T: DeserializeOwned>(path: &Path, what: &'static str, bytes: &[u8]) ->
 
 /// Makes the new file's directory entry durable, so a freshly created store survives a power
 /// loss along with its contents.
+/// Creates `dir` and whichever of its ancestors are missing, outermost first, syncing each new
+/// directory's parent after it is made: once this returns, a crash of the machine cannot lose the
+/// directory, and with it a store [`RedbStore::create`] makes there (which syncs the store file's
+/// own directory). A directory that already exists is left as it is.
+pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
+    let missing: Vec<&Path> =
+        dir.ancestors().take_while(|p| !p.as_os_str().is_empty() && !p.is_dir()).collect();
+    for new in missing.into_iter().rev() {
+        match std::fs::create_dir(new) {
+            Ok(()) => sync_parent_dir(new)?,
+            // Made meanwhile by another process; whoever made it syncs it.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && new.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 fn sync_parent_dir(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {

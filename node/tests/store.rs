@@ -485,3 +485,20 @@ fn a_schema_1_store_is_migrated_when_opened() {
     let store = RedbStore::open(&path).expect("reopened as schema 2");
     assert_eq!(store.load().unwrap().unwrap().current, retiring);
 }
+
+/// The data directory is made one level at a time (each new level synced into its parent, which
+/// no test here can observe), an existing one is accepted as it is, and a path through a file is an
+/// error rather than a directory made somewhere else.
+#[test]
+fn the_data_directory_is_made_level_by_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("a/b/data");
+    keyhome::store::create_dir_durably(&data).unwrap();
+    assert!(data.is_dir());
+    keyhome::store::create_dir_durably(&data).expect("an existing directory is fine");
+    RedbStore::create(data.join("state.redb"), &genesis(), NodeId(1)).unwrap();
+
+    std::fs::write(dir.path().join("file"), b"").unwrap();
+    let err = keyhome::store::create_dir_durably(&dir.path().join("file/data")).unwrap_err();
+    assert!(!dir.path().join("file/data").exists(), "{err}");
+}
