@@ -301,8 +301,12 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
-            // `keyhome lock` keeps the statuses CMD does not use for its own.
-            let lock = std::env::args().nth(1).is_some_and(|a| a == "lock");
+            // `keyhome lock` keeps the statuses CMD does not use for its own. Which subcommand was
+            // meant is read by clap past the error (global options may come before it).
+            let lock = <Cli as clap::CommandFactory>::command()
+                .ignore_errors(true)
+                .try_get_matches()
+                .is_ok_and(|m| m.subcommand_name() == Some("lock"));
             return match e.exit_code() {
                 0 => ExitCode::SUCCESS,
                 _ if lock => ExitCode::from(cli::lock::EXIT_ERROR),

@@ -168,6 +168,9 @@ async fn keys_may_start_with_a_dash_but_not_be_empty() {
     let out = cluster.cli(&["lock", "", "--profile", profile, "--", "true"]);
     assert_eq!(out.status.code(), Some(125), "{out:?}");
     assert!(text(&out.stderr).contains("the key is empty"), "{}", text(&out.stderr));
+    // A usage error of `keyhome lock` is 125 after a global option too (2 is CMD's to use).
+    let out = cluster.cli(&["--log-format", "json", "lock", "--no-such-flag", "k", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
     let out = cluster.cli(&["token", "check", "--profile", profile, "", "1.1.1.0"]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(text(&out.stderr).contains("the key is empty"), "{}", text(&out.stderr));
