@@ -6,7 +6,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), keyhome::client::ClientError> {
 //! use std::time::Duration;
-//! let profile = keyhome::config::ClientProfile::load("keyhome-dev/client.toml".as_ref())?;
+//! let profile = keyhome::config::ClientProfile::load("keyhome-dev/client-app/profile.toml".as_ref())?;
 //! let client = keyhome::client::Client::connect(&profile).await?;
 //! let lock = client.lock(b"orders/42", Duration::from_secs(10), Duration::from_secs(5)).await?;
 //! println!("holding orders/42 with token {}", lock.token());

@@ -35,14 +35,12 @@ const MAX_FILE: u64 = 1 << 20;
 
 fn read_toml<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigError> {
     let read_err = |source| ConfigError::Read { path: path.to_path_buf(), source };
-    let len = std::fs::metadata(path).map_err(read_err)?.len();
-    if len > MAX_FILE {
+    let Some(text) = crate::readfile::text(path, MAX_FILE).map_err(read_err)? else {
         return Err(ConfigError::Invalid {
             path: path.to_path_buf(),
-            message: format!("{len} bytes is larger than the {MAX_FILE}-byte limit"),
+            message: format!("larger than the {MAX_FILE}-byte limit"),
         });
-    }
-    let text = std::fs::read_to_string(path).map_err(read_err)?;
+    };
     toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), source: Box::new(e) })
 }
 
@@ -101,7 +99,8 @@ pub struct NodeConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local: Option<LocalSettings>,
     /// Worker threads of the node's runtime (`keyhome run`); 0: one per core (tokio's
-    /// default). Nodes that share a host should split its cores between them. [0]
+    /// default); at most [`NodeConfig::MAX_WORKER_THREADS`]. Nodes that share a host should split
+    /// its cores between them. [0]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub worker_threads: usize,
     /// Busy polling (µs): after each message to or from another node, one worker keeps polling
@@ -357,6 +356,10 @@ impl Default for LockSettings {
 }
 
 impl NodeConfig {
+    /// Largest `worker_threads`: more threads than any host has cores only cost memory and
+    /// wake-ups (and a number near `usize::MAX` would make the runtime abort).
+    pub const MAX_WORKER_THREADS: usize = 1024;
+
     /// How many key shards the node runs (see [`NodeConfig::shards`]).
     pub fn shard_count(&self) -> usize {
         let chosen = if self.shards > 0 { self.shards } else { self.worker_threads };
@@ -402,6 +405,16 @@ impl NodeConfig {
         if let Some(local) = &mut config.local {
             local.socket = resolve(&base, &local.socket);
             local.check().map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        }
+        if config.worker_threads > NodeConfig::MAX_WORKER_THREADS {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!(
+                    "worker_threads = {} is more than {}",
+                    config.worker_threads,
+                    NodeConfig::MAX_WORKER_THREADS
+                ),
+            });
         }
         if config.shards > crate::core::MAX_SHARDS {
             return Err(ConfigError::Invalid {
@@ -530,7 +543,7 @@ impl GenesisFile {
 }
 
 /// What a client needs to reach a node: `keyhome dev` and `keyhome certs issue --client` write
-/// one (`client.toml`); the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
+/// one (`profile.toml` in the identity's directory, e.g. `keyhome-dev/client-app/profile.toml`); the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientProfile {
@@ -680,5 +693,25 @@ mod tests {
         let mut other = config("127.0.0.1:7200");
         other.id = 2;
         assert!(other.check_listen(&epoch).is_ok(), "a node the epoch does not name yet");
+    }
+
+    #[test]
+    fn a_node_toml_out_of_bounds_is_refused_before_it_is_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.toml");
+        let text = |extra: &str| {
+            format!(
+                "id = 1\nlisten = \"127.0.0.1:7100\"\ndata_dir = \"data\"\nca = \"ca.pem\"\n\
+                 cert = \"c.pem\"\nkey = \"k.pem\"\ngenesis = \"g.toml\"\n{extra}"
+            )
+        };
+        std::fs::write(&path, text("worker_threads = 1024")).unwrap();
+        assert!(NodeConfig::load(&path).is_ok());
+        std::fs::write(&path, text("worker_threads = 1152921504606846976")).unwrap();
+        let err = NodeConfig::load(&path).unwrap_err();
+        assert!(err.to_string().contains("worker_threads"), "{err}");
+        // A device's length is 0 and it never ends: refused after the limit, not read whole.
+        let err = NodeConfig::load(Path::new("/dev/zero")).unwrap_err();
+        assert!(err.to_string().contains("limit"), "{err}");
     }
 }

@@ -38,6 +38,7 @@ pub mod page;
 pub mod peers;
 pub mod pki;
 pub mod ratelog;
+pub mod readfile;
 pub mod runtime;
 pub mod setup;
 pub mod socket_file;

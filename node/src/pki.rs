@@ -26,8 +26,6 @@
 //! that every connection performs a full handshake with full certificate verification.
 
 use std::fmt;
-use std::fs::File;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -658,16 +656,11 @@ fn certs_from_pem(pem: &str) -> Result<Vec<CertificateDer<'static>>, PkiError> {
     Ok(certs)
 }
 
-fn read_pem_file(path: &Path) -> Result<String, PkiError> {
-    let io = |source| PkiError::Io { path: path.to_owned(), source };
-    let file = File::open(path).map_err(io)?;
-    let mut text = String::new();
-    // Read one byte past the limit to tell "exactly at the limit" from "over it".
-    file.take(MAX_PEM_FILE_LEN + 1).read_to_string(&mut text).map_err(io)?;
-    if text.len() as u64 > MAX_PEM_FILE_LEN {
-        return Err(PkiError::FileTooLarge { path: path.to_owned(), max: MAX_PEM_FILE_LEN });
-    }
-    Ok(text)
+/// Reads a PEM file of at most [`MAX_PEM_FILE_LEN`] bytes.
+pub(crate) fn read_pem_file(path: &Path) -> Result<String, PkiError> {
+    crate::readfile::text(path, MAX_PEM_FILE_LEN)
+        .map_err(|source| PkiError::Io { path: path.to_owned(), source })?
+        .ok_or_else(|| PkiError::FileTooLarge { path: path.to_owned(), max: MAX_PEM_FILE_LEN })
 }
 
 fn root_store(ca: &[CertificateDer<'static>]) -> Result<Arc<RootCertStore>, PkiError> {

@@ -174,10 +174,7 @@ pub fn init(cluster: &Path, members: &[(NodeId, String)], timing: Timing) -> Res
 
 /// Loads the cluster's CA (certificate and key).
 pub fn load_ca(cluster: &Path) -> Result<CaKeyPair, SetupError> {
-    let read = |name: &str| {
-        let path = cluster.join(name);
-        std::fs::read_to_string(&path).map_err(|source| SetupError::Io { path, source })
-    };
+    let read = |name: &str| crate::pki::read_pem_file(&cluster.join(name));
     Ok(CaKeyPair::from_pem(&read("ca.pem")?, &read("ca.key")?)?)
 }
 

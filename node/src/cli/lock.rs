@@ -308,14 +308,10 @@ fn handoff_note(args: &LockArgs) -> Option<Vec<u8>> {
     }
     let path = args.note_file.as_ref()?;
     let max = Limits::DEFAULT.max_note_len;
-    match std::fs::read(path) {
-        Ok(note) if note.len() <= max => Some(note),
-        Ok(note) => {
-            eprintln!(
-                "keyhome lock: {} holds {} bytes, over the {max}-byte note limit: no note",
-                path.display(),
-                note.len()
-            );
+    match keyhome::readfile::bytes(path, max as u64) {
+        Ok(Some(note)) => Some(note),
+        Ok(None) => {
+            eprintln!("keyhome lock: {} holds over the {max}-byte note limit: no note", path.display());
             None
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

@@ -63,14 +63,12 @@ impl TokensFile {
     /// Reads `path`; a file that does not exist is empty.
     pub fn load(path: &Path) -> Result<TokensFile, TokensError> {
         let read = |source| TokensError::Read { path: path.to_path_buf(), source };
-        match std::fs::metadata(path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(TokensFile::default()),
-            Err(e) => return Err(read(e)),
-            Ok(m) if m.len() > MAX_FILE => return Err(TokensError::TooLarge { path: path.to_path_buf() }),
-            Ok(_) => {}
+        match crate::readfile::text(path, MAX_FILE) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(TokensFile::default()),
+            Err(e) => Err(read(e)),
+            Ok(None) => Err(TokensError::TooLarge { path: path.to_path_buf() }),
+            Ok(Some(text)) => TokensFile::parse(path, &text),
         }
-        let text = std::fs::read_to_string(path).map_err(read)?;
-        TokensFile::parse(path, &text)
     }
 
     /// Parses the text of the tokens file at `path`.
