@@ -1,10 +1,11 @@
-//! The node core takes a token check's answer only for the key it asked about, and a handle
-//! serial that names no shard for one nobody holds.
+//! The node core takes a token check's answer only for the key it asked about, a handle
+//! serial that names no shard for one nobody holds, and a clock reading older than one it acted on
+//! as that later one.
 
 use std::time::Duration;
 
 use keyhome::core::{ClaimError, ClientOwner, Core, Output, PeerMessage};
-use keyhome_delegation::{Body, CheckAnswer, FencingToken, HolderConfig, HomeConfig, Message};
+use keyhome_delegation::{Body, CheckAnswer, FencingToken, HolderConfig, HomeConfig, Message, RequestId};
 use keyhome_epoch::{Config, Durable, EpochNode, EpochRecord, Instant, Member, NodeId, Timing};
 
 /// A core of `shards` key shards.
@@ -65,4 +66,91 @@ fn a_serial_that_names_no_shard_is_not_held() {
     for serial in [0, 3, 7, 8, u64::MAX] {
         assert_eq!(c.claim(serial, owner), Err(ClaimError::NotHeld(serial)));
     }
+}
+
+/// Carries out what a lone core asked for until nothing is left: its writes are durable at once,
+/// and nodes 2 and 3 grant every home lease it asks for. Returns the delegation messages it sent.
+fn settle(c: &Core, now: Instant, out: &mut Vec<Output>) -> Vec<(NodeId, Body)> {
+    use keyhome_epoch::Body as E;
+    let mut sent = Vec::new();
+    while !out.is_empty() {
+        for output in std::mem::take(out) {
+            match output {
+                Output::Persist { number, .. } => c.persisted(now, number, out),
+                Output::Transmit { to, message: PeerMessage::Epoch(m) } => {
+                    if let E::LeaseRequest { incarnation, seq } = m.body {
+                        let body = E::LeaseGrant { incarnation, seq };
+                        let grant = keyhome_epoch::Message { epoch: m.epoch, body };
+                        c.handle_message(now, to, PeerMessage::Epoch(grant), out);
+                    }
+                }
+                Output::Transmit { to, message: PeerMessage::Delegation(m) } => sent.push((to, m.body)),
+                _ => {}
+            }
+        }
+    }
+    sent
+}
+
+/// The runtime reads the clock before it takes a shard's lock, so a thread that waited for the
+/// lock hands the shard an instant older than one the shard already acted on. The core acts at
+/// the later one: here a release read at 50 ms, handled after a request received at 100 ms was
+/// queued, grants that request a delegation the home counts from 100 ms, not from before the
+/// requester asked (its holder counts from its send instant, so the home's view would end first
+/// and the home could grant the key again while the holder's clients still hold it).
+#[test]
+fn a_reading_older_than_one_the_core_acted_on_counts_as_that_later_one() {
+    let members =
+        (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
+    let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
+    let epoch = EpochNode::start(Config::new(NodeId(1), 1), Durable::genesis(genesis), Instant::ZERO);
+    // With a lock-delay the home grants no successor ahead: the waiter is granted when the key
+    // is released, at the release's instant.
+    let mut home = HomeConfig::new(NodeId(1));
+    home.lock_delay = Duration::from_secs(1);
+    let mut out = Vec::new();
+    let c = Core::new(epoch, home, HolderConfig::new(NodeId(1)), 1, Instant::ZERO, &mut out);
+    settle(&c, Instant::ZERO, &mut out);
+    // Past the start's activation wait and quarantine, with a home lease.
+    let t = Instant::ZERO + Duration::from_secs(60);
+    for s in 1..=60 {
+        let now = Instant::ZERO + Duration::from_secs(s);
+        c.handle_timeout(now, &mut out);
+        settle(&c, now, &mut out);
+    }
+    let key = (0..).map(|i| format!("k{i}").into_bytes()).find(|k| c.epoch().home_of(k) == Some(NodeId(1)));
+    let key = key.expect("some key is homed here");
+    let lease = Duration::from_secs(5);
+    let request = |seq| Body::Request {
+        key: key.clone(),
+        id: RequestId { incarnation: 1, seq },
+        lease,
+        wait: Duration::from_secs(10),
+        held: None,
+    };
+    let message = |body| PeerMessage::Delegation(Message { epoch: 1, body });
+
+    c.handle_message(t, NodeId(2), message(request(1)), &mut out);
+    let sent = settle(&c, t, &mut out);
+    let grantee = match sent.as_slice() {
+        [(NodeId(2), Body::Grant { grantee, .. })] => *grantee,
+        other => panic!("node 2 is granted the key: {other:?}"),
+    };
+    let asked = t + Duration::from_millis(100);
+    c.handle_message(asked, NodeId(3), message(request(1)), &mut out);
+    let sent = settle(&c, asked, &mut out);
+    let recall = matches!(sent.as_slice(), [(NodeId(2), Body::Recall { next: None, .. })]);
+    assert!(recall, "node 3 waits, node 2 is recalled: {sent:?}");
+
+    let stale = t + Duration::from_millis(50);
+    let release = Body::Release { key: key.clone(), grantee, note: None, recovered: false, passed: None };
+    c.handle_message(stale, NodeId(2), message(release), &mut out);
+    let sent = settle(&c, stale, &mut out);
+    assert!(matches!(sent.as_slice(), [(NodeId(3), Body::Grant { .. })]), "node 3 is granted: {sent:?}");
+    let end = c.home(&key).delegation(&key).expect("node 3's delegation").end;
+    let margin = keyhome_epoch::time::rate_margin(lease, Timing::DEFAULT.clock_rate_ppm);
+    assert!(
+        end >= asked + margin,
+        "the home ends node 3's delegation at {end:?}: counted from before it asked"
+    );
 }

@@ -10,6 +10,7 @@ use keyhome_epoch::{
     ProposeError, Ready, ViewStamp, Write,
 };
 
+use super::monotonic::Monotonic;
 use super::outbox::Outbox;
 use super::{MAX_PERSIST_BACKLOG, MAX_TIMER_ROUNDS, Output, PeerMessage};
 use crate::activity::{EpochChange, EpochLog};
@@ -37,6 +38,9 @@ pub(super) struct Membership {
     proposing: bool,
     pub epochs: EpochLog,
     pub out: Outbox,
+    /// The latest clock reading the membership acted on (the [`Core`](super::Core) brings every
+    /// reading up to it before the membership uses it).
+    pub clock: Monotonic,
     /// What the shards' view holds.
     published: ViewStamp,
     /// A new epoch was learned since the last view was published.
@@ -60,6 +64,7 @@ impl Membership {
             proposing: false,
             epochs: EpochLog::default(),
             out: Outbox::default(),
+            clock: Monotonic::new(now),
             published,
             learned: false,
             epoch_unsaved: None,

@@ -58,6 +58,7 @@
 
 pub mod callers;
 mod membership;
+mod monotonic;
 mod outbox;
 mod shard;
 
@@ -337,7 +338,7 @@ impl Core {
             dropped: AtomicU64::new(0),
             activity,
         };
-        core.with_membership(now, out, |_, _| ());
+        core.with_membership(now, out, |_, _, _| ());
         core
     }
 
@@ -346,11 +347,11 @@ impl Core {
     /// A message from peer `from` (authenticated by its certificate).
     pub fn handle_message(&self, now: Instant, from: NodeId, message: PeerMessage, out: &mut impl Sink) {
         match message {
-            PeerMessage::Epoch(m) => self.with_membership(now, out, |ms, _| {
+            PeerMessage::Epoch(m) => self.with_membership(now, out, |ms, _, now| {
                 ms.out.received_epoch(&m);
                 ms.handle_message(now, from, m)
             }),
-            PeerMessage::Delegation(m) => self.with_shard(self.shard_of(m.body.key()), out, |s| {
+            PeerMessage::Delegation(m) => self.with_shard(self.shard_of(m.body.key()), now, out, |s, now| {
                 s.out.received_delegation(&m);
                 s.handle_message(now, from, m)
             }),
@@ -362,11 +363,12 @@ impl Core {
     pub fn handle_timeout(&self, now: Instant, out: &mut impl Sink) {
         let due = |at: Option<Instant>| at.is_some_and(|t| t <= now);
         if due(lock(&self.membership).epoch.poll_timeout()) {
-            self.with_membership(now, out, |ms, _| ms.handle_timeout(now));
+            self.with_membership(now, out, |ms, _, now| ms.handle_timeout(now));
         }
         for slot in &self.shards {
             let mut shard = lock(&slot.0);
             if due(shard.poll_timeout()) {
+                let now = shard.clock.at(now);
                 shard.handle_timeout(now);
                 finish(&mut shard, out);
             }
@@ -382,7 +384,7 @@ impl Core {
     /// The writes of [`Output::Persist`] `number` (and of every earlier one) are durable: the
     /// messages that waited for them leave.
     pub fn persisted(&self, now: Instant, number: u64, out: &mut impl Sink) {
-        self.with_membership(now, out, |ms, _| ms.persisted(now, number));
+        self.with_membership(now, out, |ms, _, now| ms.persisted(now, number));
     }
 
     /// A durable write failed: nothing leaves this node any more (the runtime stops it).
@@ -426,6 +428,7 @@ impl Core {
         // Hashed once: for the shard, and for the shard's holder.
         let key = self.key_hasher.hashed(key);
         let mut shard = lock(self.shard_of_hashed(key));
+        let now = shard.clock.at(now);
         let outcome = shard.lock(now, key, ttl, wait, owner);
         if let Ok(LockOutcome::Pending(ticket)) = &outcome {
             out.lock_pending(*ticket);
@@ -447,13 +450,13 @@ impl Core {
     ) -> Result<Handle, LockError> {
         // Hashed once: for the shard, and for the shard's holder.
         let key = self.key_hasher.hashed(key);
-        self.with_shard(self.shard_of_hashed(key), out, |s| s.try_lock(now, key, ttl, owner))
+        self.with_shard(self.shard_of_hashed(key), now, out, |s, now| s.try_lock(now, key, ttl, owner))
     }
 
     /// Gives up a pending lock; `false` if it was already decided (its [`Output::LockDone`] went
     /// to a sink).
     pub fn cancel(&self, now: Instant, ticket: Ticket, out: &mut impl Sink) -> bool {
-        self.with_shard(self.shard_of_serial(ticket.serial()), out, |s| s.cancel(now, ticket))
+        self.with_shard(self.shard_of_serial(ticket.serial()), now, out, |s, now| s.cancel(now, ticket))
     }
 
     /// Extends a live handle (see [`Holder::renew`]); returns its new deadline.
@@ -464,7 +467,7 @@ impl Core {
         ttl: Duration,
         out: &mut impl Sink,
     ) -> Result<Instant, LockError> {
-        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.renew(now, handle, ttl))
+        self.with_shard(self.shard_of_serial(handle.serial()), now, out, |s, now| s.renew(now, handle, ttl))
     }
 
     /// Ends a live handle, leaving `note` for the next holder ([`Core::end`] with
@@ -490,7 +493,7 @@ impl Core {
         ending: Ending,
         out: &mut impl Sink,
     ) -> Result<(), LockError> {
-        self.with_shard(self.shard_of_serial(handle.serial()), out, |s| s.end(now, handle, ending))
+        self.with_shard(self.shard_of_serial(handle.serial()), now, out, |s, now| s.end(now, handle, ending))
     }
 
     /// The live client handle with serial number `serial`, for a connection of `owner`'s
@@ -501,7 +504,9 @@ impl Core {
 
     /// Whether the home recalled the key of a live handle (its owner should unlock).
     pub fn recalled(&self, now: Instant, handle: HandleId) -> bool {
-        lock(self.shard_of_serial(handle.serial())).recalled(now, handle)
+        let mut shard = lock(self.shard_of_serial(handle.serial()));
+        let now = shard.clock.at(now);
+        shard.recalled(now, handle)
     }
 
     /// Asks whether `key` is held with `token` now: its home answers, or forwards the question to
@@ -518,6 +523,7 @@ impl Core {
         out: &mut impl Sink,
     ) -> Result<u64, LockError> {
         let mut shard = lock(self.shard_of(&key));
+        let now = shard.clock.at(now);
         let id = shard.check(now, key, token, timeout)?;
         out.check_pending(id);
         finish(&mut shard, out);
@@ -529,7 +535,7 @@ impl Core {
     /// Starts an operator change (told to [`Sink::proposal_pending`] first); its outcome comes
     /// as [`Output::ProposalDone`].
     pub fn propose(&self, now: Instant, change: Change, out: &mut impl Sink) -> Result<(), ProposeError> {
-        self.with_membership(now, out, |ms, out| {
+        self.with_membership(now, out, |ms, out, now| {
             ms.propose(now, change)?;
             out.proposal_pending();
             Ok(())
@@ -544,7 +550,7 @@ impl Core {
         skip: u64,
         out: &mut impl Sink,
     ) -> Result<u64, ProposeError> {
-        self.with_membership(now, out, |ms, _| ms.recover_unsafe(now, members, skip))
+        self.with_membership(now, out, |ms, _, now| ms.recover_unsafe(now, members, skip))
     }
 
     /// Stops admitting, for a clean shutdown (see [`Holder::shutdown`]): idle delegations are
@@ -553,6 +559,7 @@ impl Core {
     pub fn shutdown(&self, now: Instant, out: &mut impl Sink) {
         for slot in &self.shards {
             let mut shard = lock(&slot.0);
+            let now = shard.clock.at(now);
             shard.shutdown(now);
             finish(&mut shard, out);
         }
@@ -818,32 +825,44 @@ impl Core {
         self.shard_at(((serial & self.serial_mask) as usize).min(self.shards.len() - 1))
     }
 
-    /// Runs `f` on `shard` and hands what it produced to `out`, under the shard's lock.
+    /// Runs `f` on `shard` at `now` (a reading taken before the lock, brought up to the latest
+    /// the shard has seen: see [`Monotonic`](monotonic::Monotonic)) and hands what it produced to `out`, under the
+    /// shard's lock.
     #[inline]
-    fn with_shard<R>(&self, shard: &Mutex<Shard>, out: &mut impl Sink, f: impl FnOnce(&mut Shard) -> R) -> R {
+    fn with_shard<R>(
+        &self,
+        shard: &Mutex<Shard>,
+        now: Instant,
+        out: &mut impl Sink,
+        f: impl FnOnce(&mut Shard, Instant) -> R,
+    ) -> R {
         let mut shard = lock(shard);
-        let result = f(&mut shard);
+        let now = shard.clock.at(now);
+        let result = f(&mut shard, now);
         finish(&mut shard, out);
         result
     }
 
-    /// Runs `f` on the membership, hands what it produced to `out`, and, if the view changed,
+    /// Runs `f` on the membership at `now` (brought up to the latest reading it has seen, as in
+    /// [`Core::with_shard`]), hands what it produced to `out`, and, if the view changed,
     /// publishes the new one to every shard (under the membership's lock, so that views reach
     /// the shards in order).
     fn with_membership<S: Sink, R>(
         &self,
         now: Instant,
         out: &mut S,
-        f: impl FnOnce(&mut Membership, &mut S) -> R,
+        f: impl FnOnce(&mut Membership, &mut S, Instant) -> R,
     ) -> R {
         let mut ms = lock(&self.membership);
-        let result = f(&mut ms, out);
+        let now = ms.clock.at(now);
+        let result = f(&mut ms, out, now);
         while let Some(output) = ms.out.pop() {
             out.output(output);
         }
         if let Some(published) = ms.publish() {
             for slot in &self.shards {
                 let mut shard = lock(&slot.0);
+                let now = shard.clock.at(now);
                 shard.publish(now, &published);
                 finish(&mut shard, out);
             }

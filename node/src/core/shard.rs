@@ -19,6 +19,7 @@ use keyhome_epoch::time::earliest;
 use keyhome_epoch::{EpochView, Instant, NodeId};
 
 use super::membership::Published;
+use super::monotonic::Monotonic;
 use super::outbox::Outbox;
 use super::{
     ClaimError, ClientOwner, MAX_PENDING_CHECKS, MAX_PENDING_LOCKS_PER_CONN, MAX_TIMER_ROUNDS, Notice,
@@ -100,6 +101,9 @@ pub(super) struct Shard {
     /// Delegation messages to self, delivered in order within [`Shard::settle`].
     local: VecDeque<DMessage>,
     pub out: Outbox,
+    /// The latest clock reading the shard acted on (the [`Core`](super::Core) brings every
+    /// reading up to it before the shard uses it).
+    pub clock: Monotonic,
     /// Pending `lock` calls.
     waiters: HashMap<Ticket, Waiting>,
     /// Pending locks per client connection.
@@ -144,6 +148,7 @@ impl Shard {
             view,
             local: VecDeque::new(),
             out: Outbox::default(),
+            clock: Monotonic::new(now),
             waiters: HashMap::new(),
             pending_per_conn: HashMap::new(),
             owners: HashMap::new(),
