@@ -790,6 +790,11 @@ impl Holder {
             }
             Body::Refuse { key, id, reason } => self.on_refuse(now, from, &key, id, reason, auth),
             Body::Recall { key, grantee, next } => self.on_recall(now, from, &key, grantee, next, auth),
+            // Only a member passes a key on: a removed node's certificate may be in other hands,
+            // and a made-up Pass naming the home and a request of this node would have it admit
+            // while the key's holder may still be inside its deadline. (A real one dropped here
+            // costs a resend: the home grants the request again.)
+            Body::Pass { .. } if !auth.is_member(from) => {}
             Body::Pass { key, home, id, grantee, lease, note, recovered } => {
                 // Passed on by the previous holder: what the home granted, as if from the home.
                 self.on_grant(now, home, GrantMsg { key, id, grantee, lease, note, recovered }, auth)

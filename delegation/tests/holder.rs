@@ -1718,6 +1718,34 @@ fn a_recalled_holder_passes_the_successor_its_delegation_then_tells_the_home() {
     );
 }
 
+/// Only a member of the current epoch passes a key on: a removed node's certificate may be in
+/// other hands, and a Pass made up with it (naming the home and a request this node sent) would
+/// have this node admit while the key's holder may still be inside the deadline it was told.
+#[test]
+fn a_pass_from_a_node_that_is_not_a_member_is_ignored() {
+    const REMOVED: NodeId = NodeId(99);
+    let auth = Script::new();
+    let mut h = holder();
+    let ticket = pending(h.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r = one_request(&mut h);
+    let body = Body::Pass {
+        key: b"k".to_vec(),
+        home: HOME,
+        id: r.id,
+        grantee: grantee(6),
+        lease: secs(4),
+        note: None,
+        recovered: false,
+    };
+    let pass = Message { epoch: EPOCH, body };
+    h.handle_message(at(3), REMOVED, pass.clone(), &auth);
+    assert!(events(&mut h).is_empty(), "nothing admitted");
+    assert!(sent(&mut h).is_empty(), "nothing sent");
+    assert_eq!(h.delegation(at(3), b"k"), None);
+    h.handle_message(at(4), OTHER, pass, &auth);
+    locked_event(&mut h, ticket);
+}
+
 #[test]
 fn a_pass_is_taken_as_the_homes_grant_of_the_request_it_names() {
     let auth = Script::new();

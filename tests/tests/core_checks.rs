@@ -52,6 +52,8 @@ fn a_check_answer_counts_only_for_the_key_asked_about() {
         (0..).map(|i| format!("other-{i}").into_bytes()).find(|k| c.shard_index(k) == c.shard_index(&key));
     c.handle_message(now, home, reply(&other.expect("a key of the same shard"), id), &mut out);
     assert_eq!(done(&mut out), vec![], "an answer about another key is ignored");
+    c.handle_message(now, NodeId(9), reply(&key, id), &mut out);
+    assert_eq!(done(&mut out), vec![], "an answer from a node no epoch names is ignored");
     c.handle_message(now, home, reply(&key, id), &mut out);
     assert_eq!(done(&mut out), vec![Output::CheckDone { id, answer: Some(Ok(CheckAnswer::NotHeld)) }]);
     c.handle_message(now, home, reply(&key, id), &mut out);

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{
-    Body as DBody, Ending, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig, HolderEvent,
-    Home, HomeConfig, LockError, LockOutcome, Message as DMessage, Ticket,
+    Authority, Body as DBody, Ending, FencingToken, Handle, HandleId, HashedKey, Holder, HolderConfig,
+    HolderEvent, Home, HomeConfig, LockError, LockOutcome, Message as DMessage, Ticket,
 };
 use keyhome_epoch::time::earliest;
 use keyhome_epoch::{EpochView, Instant, NodeId};
@@ -439,7 +439,10 @@ impl Shard {
                 self.holder.handle_message(now, from, message, &*self.view)
             }
             DBody::CheckReply { key, id, answer } => {
-                if self.checks.get(&id).is_some_and(|asked| *asked == key) {
+                // Answered by the key's home or its holder: members (a removed node's
+                // certificate may be in other hands, and check ids are sequential).
+                let member = from == self.id || Authority::is_member(&*self.view, from);
+                if member && self.checks.get(&id).is_some_and(|asked| *asked == key) {
                     self.checks.remove(&id);
                     self.out.push(Output::CheckDone { id, answer: Some(answer) });
                 }
