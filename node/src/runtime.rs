@@ -53,7 +53,7 @@ pub(crate) use crate::core::lock;
 use crate::core::{Core, Output, Sink};
 use crate::pki::{self, Identity, Role};
 use crate::store::{RedbStore, StoreError};
-use crate::wire::{self, CloseCode, MAX_PEER_FRAME, PeerFrame};
+use crate::wire::{self, CloseCode, MAX_HELLO_FRAME, MAX_PEER_FRAME, PeerFrame};
 
 /// Frames queued per peer link before further frames to that peer are dropped.
 const LINK_QUEUE: usize = 4096;
@@ -979,7 +979,17 @@ async fn read_peer_stream(
         shared.admission.incidents.report(Incident::PeerLinkClosed, conn.remote_address(), detail);
         conn.close(code.into(), reason.as_bytes());
     };
-    match wire::read_frame::<PeerFrame>(&mut recv, MAX_PEER_FRAME).await {
+    // The hello comes first, small and soon: a certificate no epoch admits (a retired node's, one
+    // issued ahead of an --add) may not hold a megabyte frame, or a stream, before it is heard.
+    let limit = shared.admission.limits.request_timeout();
+    let hello = wire::read_frame::<PeerFrame>(&mut recv, MAX_HELLO_FRAME);
+    let Ok(hello) = tokio::time::timeout(limit, hello).await else {
+        return close(
+            CloseCode::BadFrame,
+            format!("no hello within {limit:?} of opening a stream (limits.request_timeout_ms)"),
+        );
+    };
+    match hello {
         Ok(Some(PeerFrame::Hello { genesis_digest, ring_version, epoch })) => {
             if let Err(reason) = shared.core.hears(peer, epoch) {
                 return close(CloseCode::NotMember, reason);

@@ -19,6 +19,9 @@ use tokio::sync::Semaphore;
 /// Largest peer frame: an epoch record of 1024 members with 255-byte addresses, twice over (an
 /// accept carries one, a vote may carry one), fits well within it.
 pub const MAX_PEER_FRAME: usize = 1 << 20;
+/// Largest first frame of a peer stream (a [`PeerFrame::Hello`] encodes to at most 48 bytes):
+/// whoever opens a stream is heard, or not, before it may send anything larger.
+pub const MAX_HELLO_FRAME: usize = 64;
 /// Largest client frame: keys and notes are capped far below this.
 pub const MAX_CLIENT_FRAME: usize = 64 << 10;
 
@@ -502,6 +505,12 @@ mod tests {
         let frame = encode(&request, MAX_CLIENT_FRAME).unwrap();
         let decoded: Request = decode(body(&frame)).unwrap();
         assert!(matches!(decoded, Request::Renew { handle: 7, ttl } if ttl == Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn the_largest_hello_fits_its_frame() {
+        let hello = PeerFrame::Hello { genesis_digest: [255; 32], ring_version: u32::MAX, epoch: u64::MAX };
+        assert!(encode(&hello, MAX_HELLO_FRAME).is_ok());
     }
 
     #[test]

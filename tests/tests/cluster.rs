@@ -383,7 +383,7 @@ async fn removing_a_dead_node_rehomes_its_keys() {
     let conn = endpoint.connect_with(config.clone(), cluster.addr(1), &pki::server_name(NodeId(1))).unwrap();
     let conn = conn.await.expect("connect as node 3");
     let (code, reason) =
-        application_close(&raw_peer_stream(&conn, &[hello(3), chosen.clone()].concat()).await);
+        application_close(&raw_peer_stream(&conn, &[hello(3), chosen.clone()].concat(), true).await);
     assert_eq!(code, CloseCode::NotMember as u64, "closed with {code}: {reason}");
     assert!(reason.contains("removed"), "{reason}");
     // One that says it is behind (node 3 is told of the epoch that removed it) is heard, but its
@@ -392,7 +392,7 @@ async fn removing_a_dead_node_rehomes_its_keys() {
     let conn = conn.await.expect("connect as node 3");
     let garbage = [0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff];
     let stream = [hello(2), chosen, garbage.to_vec()].concat();
-    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream).await);
+    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream, true).await);
     assert_eq!(code, CloseCode::BadFrame as u64, "closed with {code}: {reason}");
     let now = operator.epoch().await.expect("epoch show");
     assert_eq!((now.number, now.retired), (2, vec![NodeId(3)]), "a retired node's record was adopted");
@@ -443,7 +443,7 @@ async fn a_member_heard_of_before_its_epoch_is_reached_once_it_is_learned() {
     let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
     let conn = endpoint.connect_with(config, cluster.addr(1), &pki::server_name(NodeId(1))).unwrap();
     let conn = conn.await.expect("connect as node 4");
-    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream).await);
+    let (code, reason) = application_close(&raw_peer_stream(&conn, &stream, true).await);
     assert_eq!(code, CloseCode::BadFrame as u64, "closed with {code}: {reason}");
     // Node 1 learns epoch 2 from the others, then tries node 4's address (its lease requests).
     cluster.resume(2);
@@ -702,10 +702,14 @@ async fn raw_request(conn: &quinn::Connection, bytes: &[u8]) -> Response {
 }
 
 /// Opens a peer stream on `conn`, sends `bytes`, and returns how the node closed the connection.
-async fn raw_peer_stream(conn: &quinn::Connection, bytes: &[u8]) -> quinn::ConnectionError {
+/// Writes `bytes` on a new peer stream, ends it if `finish` (else leaves it open, waiting for
+/// more), and waits for the node to close the connection.
+async fn raw_peer_stream(conn: &quinn::Connection, bytes: &[u8], finish: bool) -> quinn::ConnectionError {
     let mut send = conn.open_uni().await.expect("open a peer stream");
     send.write_all(bytes).await.expect("write");
-    let _ = send.finish();
+    if finish {
+        let _ = send.finish();
+    }
     tokio::time::timeout(PATIENCE, conn.closed()).await.expect("the node closes the connection")
 }
 
@@ -769,17 +773,24 @@ async fn malformed_and_oversized_frames_are_refused_and_the_node_keeps_serving()
     )
     .unwrap();
     let oversized = (MAX_PEER_FRAME as u32 + 1).to_be_bytes();
-    for (what, bytes, code) in [
-        ("malformed hello", &garbage[..], CloseCode::BadFrame),
-        ("oversized frame", &oversized[..], CloseCode::BadFrame),
-        ("hello of another cluster", &foreign_hello[..], CloseCode::Mismatch),
+    // Whoever holds a node certificate may not hold a large frame, or a stream, before its hello
+    // is heard: a first frame over 64 bytes is refused at once, and a stream whose hello does not
+    // come is closed after the request timeout (5 s).
+    let over_a_hello = [0, 0, 0, 65];
+    let half_a_prefix = [0, 0];
+    for (what, bytes, finish, code) in [
+        ("malformed hello", &garbage[..], true, CloseCode::BadFrame),
+        ("oversized frame", &oversized[..], true, CloseCode::BadFrame),
+        ("a first frame larger than a hello", &over_a_hello[..], false, CloseCode::BadFrame),
+        ("a hello that never comes", &half_a_prefix[..], false, CloseCode::BadFrame),
+        ("hello of another cluster", &foreign_hello[..], true, CloseCode::Mismatch),
     ] {
         let conn = endpoint
             .connect_with(peer_config.clone(), addr, &pki::server_name(NodeId(1)))
             .unwrap()
             .await
             .expect("connect");
-        let (got, reason) = application_close(&raw_peer_stream(&conn, bytes).await);
+        let (got, reason) = application_close(&raw_peer_stream(&conn, bytes, finish).await);
         assert_eq!(got, code as u64, "{what}: closed with code {got} ({reason})");
         assert!(!reason.is_empty(), "{what}: no reason given");
         println!("{what}: closed with code {got}: {reason}");
