@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 
 use crate::pki::Role;
-use crate::ratelog::RateLog;
+use crate::ratelog::{RateLog, Source};
 use crate::runtime::lock;
 use crate::status::{Counters, Load};
 use crate::wire::{CloseCode, MAX_CLIENT_FRAME};
@@ -501,11 +501,12 @@ impl Incidents {
         }
     }
 
-    /// Counts `incident` from `remote`, and logs `detail` at a bounded rate.
-    pub fn report(&self, incident: Incident, remote: SocketAddr, detail: impl std::fmt::Display) {
+    /// Counts `incident` from `source` (a peer's address, or a local peer), and logs `detail` at
+    /// a bounded rate.
+    pub fn report(&self, incident: Incident, source: impl Into<Source>, detail: impl std::fmt::Display) {
         self.counter(incident).fetch_add(1, Ordering::Relaxed);
         if let Some(log) = self.log(incident) {
-            log.note(remote.ip(), detail);
+            log.note(source.into(), detail);
         }
     }
 

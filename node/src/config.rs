@@ -528,8 +528,14 @@ impl GenesisFile {
         read_toml(path)
     }
 
-    /// The genesis epoch record, validated.
+    /// The genesis epoch record, validated, its addresses `HOST:PORT` (as every later change's).
     pub fn record(&self, path: &Path) -> Result<EpochRecord, ConfigError> {
+        for m in &self.members {
+            crate::addr::check(&m.addr).map_err(|message| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("member {}: {message}", m.id),
+            })?;
+        }
         let timing = Timing {
             home_lease: Duration::from_millis(self.home_lease_ms),
             max_delegation_lease: Duration::from_millis(self.max_delegation_lease_ms),
@@ -543,7 +549,8 @@ impl GenesisFile {
 }
 
 /// What a client needs to reach a node: `keyhome dev` and `keyhome certs issue --client` write
-/// one (`profile.toml` in the identity's directory, e.g. `keyhome-dev/client-app/profile.toml`); the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
+/// one (`profile.toml` in the identity's directory, e.g. `keyhome-dev/client-app/profile.toml`);
+/// the CLI finds it with `--profile` or `KEYHOME_PROFILE`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClientProfile {
@@ -710,6 +717,10 @@ mod tests {
         std::fs::write(&path, text("worker_threads = 1152921504606846976")).unwrap();
         let err = NodeConfig::load(&path).unwrap_err();
         assert!(err.to_string().contains("worker_threads"), "{err}");
+        // A genesis member's address is HOST:PORT, as every change's is.
+        let genesis = GenesisFile::new(&[(NodeId(1), "10.0.0.1".into())], Timing::DEFAULT);
+        let err = genesis.record(&path).unwrap_err();
+        assert!(err.to_string().contains("member 1") && err.to_string().contains("HOST:PORT"), "{err}");
         // A device's length is 0 and it never ends: refused after the limit, not read whole.
         let err = NodeConfig::load(Path::new("/dev/zero")).unwrap_err();
         assert!(err.to_string().contains("limit"), "{err}");

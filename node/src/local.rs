@@ -50,9 +50,11 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tokio_util::codec::{FramedRead, FramedWrite, LengthDelimitedCodec};
 
+use crate::admission::Incident;
 use crate::config::LocalSettings;
 use crate::core::ClientOwner;
 use crate::pki::Role;
+use crate::ratelog::Source;
 use crate::runtime::Shared;
 use crate::socket_file::{SocketFile, SocketFileError};
 use crate::wire::{
@@ -110,7 +112,9 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
                 continue;
             }
         };
-        let admission = match (stream.peer_cred(), Arc::clone(&connections).try_acquire_owned()) {
+        let cred = stream.peer_cred();
+        let source = Source::Local(cred.as_ref().ok().map(|c| c.uid()));
+        let admission = match (cred, Arc::clone(&connections).try_acquire_owned()) {
             (Err(e), _) => Err(format!("cannot read the peer's credentials: {e}")),
             (Ok(_), Err(_)) => Err(format!(
                 "too many local connections (at most {}); close one and retry",
@@ -136,12 +140,13 @@ pub(crate) async fn accept_loop(shared: Arc<Shared>, listener: LocalListener) {
                 let max_in_flight = listener.settings.max_in_flight;
                 let shared = Arc::clone(&shared);
                 tokio::spawn(async move {
-                    serve(shared, stream, role, max_in_flight).await;
+                    serve(shared, stream, Peer { role, source }, max_in_flight).await;
                     drop(places);
                 });
             }
             Err(reason) => {
-                tracing::info!("local connection refused: {reason}");
+                let detail = format!("local connection refused: {reason}");
+                shared.admission.incidents.report(Incident::ConnectionRefused, source, detail);
                 tokio::spawn(refuse(stream, ApiError::new(ErrorKind::Forbidden, reason)));
             }
         }
@@ -161,8 +166,16 @@ fn frame_bytes(frame: &LocalFrame) -> Result<bytes::Bytes, postcard::Error> {
     postcard::to_allocvec(frame).map(bytes::Bytes::from)
 }
 
+/// Who is on the other end of a local connection.
+struct Peer {
+    role: Role,
+    /// Its uid, for the rate-limited logs.
+    source: Source,
+}
+
 /// Serves one local connection until it closes, the peer sends a bad frame, or the node stops.
-async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_flight: usize) {
+async fn serve(shared: Arc<Shared>, stream: UnixStream, peer: Peer, max_in_flight: usize) {
+    let Peer { role, source } = peer;
     let owner = shared.api.open(role.clone());
     tracing::debug!(conn = owner.conn, ?role, "local client connected");
     let (read, write) = stream.into_split();
@@ -175,6 +188,7 @@ async fn serve(shared: Arc<Shared>, stream: UnixStream, role: Role, max_in_fligh
         shared: Arc::clone(&shared),
         owner,
         role: Arc::new(role),
+        source,
         out,
         in_flight: Arc::new(Semaphore::new(max_in_flight)),
         max_in_flight,
@@ -313,6 +327,8 @@ struct Connection {
     shared: Arc<Shared>,
     owner: ClientOwner,
     role: Arc<Role>,
+    /// The peer's uid, for the rate-limited logs.
+    source: Source,
     out: mpsc::Sender<LocalFrame>,
     in_flight: Arc<Semaphore>,
     max_in_flight: usize,
@@ -345,7 +361,8 @@ impl Connection {
                     true
                 }
                 Err(e) => {
-                    tracing::info!(conn = self.owner.conn, "malformed local frame: {e}");
+                    let detail = format!("connection {}: malformed local frame: {e}", self.owner.conn);
+                    self.shared.admission.incidents.report(Incident::RequestMalformed, self.source, detail);
                     let error = ApiError::new(ErrorKind::Invalid, e);
                     let _ = self.out.send(LocalFrame::Refused(error)).await;
                     false

@@ -4,7 +4,8 @@
 //! Each [`RateLog`] logs the first event of a window in full (so the reason is always seen),
 //! counts the rest silently, and at the end of the window ([`RateLog::flush`], called every
 //! [`WINDOW`] by the node) logs one summary line, "N handshakes refused from M addresses in the
-//! last 10 s". Whatever the event rate, one category writes at most two lines per window.
+//! last 10 s" (a local-socket peer's address is its uid). Whatever the event rate, one category
+//! writes at most two lines per window.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -18,6 +19,30 @@ pub const WINDOW: Duration = Duration::from_secs(10);
 /// Distinct addresses remembered per window; beyond it the summary says "at least".
 const MAX_ADDRS: usize = 4096;
 
+/// Where an event came from: a network peer's IP address, or a local-socket peer's uid (`None`
+/// when its credentials could not be read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    Ip(IpAddr),
+    Local(Option<u32>),
+}
+
+impl From<std::net::SocketAddr> for Source {
+    fn from(addr: std::net::SocketAddr) -> Source {
+        Source::Ip(addr.ip())
+    }
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Ip(ip) => ip.fmt(f),
+            Source::Local(Some(uid)) => write!(f, "local uid {uid}"),
+            Source::Local(None) => f.write_str("local peer of unknown uid"),
+        }
+    }
+}
+
 /// One category of rate-limited events.
 pub struct RateLog {
     /// What an event is, in the plural ("handshakes refused").
@@ -30,7 +55,7 @@ struct Window {
     /// Events in this window (the first one included).
     count: u64,
     /// The addresses they came from (at most [`MAX_ADDRS`]).
-    addrs: HashSet<IpAddr>,
+    addrs: HashSet<Source>,
 }
 
 /// What a window's summary says: `count` events from `addrs` addresses (`more_addrs`: at least).
@@ -60,14 +85,14 @@ impl RateLog {
     }
 
     /// Records one event from `addr`; logs `detail` if it is the window's first.
-    pub fn note(&self, addr: IpAddr, detail: impl std::fmt::Display) {
+    pub fn note(&self, addr: Source, detail: impl std::fmt::Display) {
         if self.record(addr) {
             tracing::info!(%addr, "{}: {detail} (further ones are summed up every {} s)", self.what, WINDOW.as_secs());
         }
     }
 
     /// Counts one event; whether it is the first of its window.
-    fn record(&self, addr: IpAddr) -> bool {
+    fn record(&self, addr: Source) -> bool {
         let mut w = lock(&self.window);
         w.count += 1;
         if w.addrs.len() < MAX_ADDRS {
@@ -99,8 +124,8 @@ mod tests {
     #[test]
     fn a_window_counts_events_and_addresses_once_each() {
         let log = RateLog::new("handshakes refused");
-        let a: IpAddr = "127.0.0.1".parse().unwrap();
-        let b: IpAddr = "127.0.0.2".parse().unwrap();
+        let a = Source::Ip("127.0.0.1".parse().unwrap());
+        let b = Source::Local(Some(1000));
         assert!(log.record(a), "the first event of a window is logged");
         for _ in 0..1000 {
             assert!(!log.record(b));

@@ -343,6 +343,16 @@ fn read_all(db: &Database, path: &Path, op: Op) -> Result<(NodeId, Durable, u32)
         acceptor,
         incarnation: decode(path, KEY_INCARNATION, &field(KEY_INCARNATION)?)?,
     };
+    // What decodes must also be what the node could have written: a valid record (the epoch core
+    // does arithmetic on its numbers), and an incarnation a next run can be numbered after.
+    let corrupt = |what, detail: String| StoreError::Corrupt { path: path.to_path_buf(), what, detail };
+    state.current.validate().map_err(|e| corrupt(KEY_CURRENT_EPOCH, e.to_string()))?;
+    if let Some((_, value)) = &state.acceptor.accepted {
+        value.validate().map_err(|e| corrupt(KEY_ACCEPTOR, e.to_string()))?;
+    }
+    if state.incarnation == u64::MAX {
+        return Err(corrupt(KEY_INCARNATION, "u64::MAX: no later run can be numbered".into()));
+    }
     Ok((identity, state, schema))
 }
 

@@ -408,6 +408,28 @@ fn corrupt_values_are_reported_not_panicked_on() {
         assert!(err.to_string().contains(key), "{err}");
     }
 
+    // So is a value that decodes but that no node writes: a record that fails validation (the
+    // epoch core does arithmetic on its numbers), and an incarnation no next run can follow.
+    let mut invalid = epoch(2, &[1, 2]);
+    invalid.members.clear();
+    let ballot = ballot(1, 1);
+    let accepted = keyhome_epoch::paxos::AcceptorState {
+        promised: Some(ballot),
+        accepted: Some((ballot, invalid.clone())),
+    };
+    let decodable: [(&str, Vec<u8>); 3] = [
+        ("current_epoch", postcard::to_stdvec(&invalid).unwrap()),
+        ("acceptor", postcard::to_stdvec(&accepted).unwrap()),
+        ("incarnation", postcard::to_stdvec(&u64::MAX).unwrap()),
+    ];
+    for (key, value) in decodable {
+        let dir = tempfile::tempdir().unwrap();
+        let path = created(&dir);
+        put_raw(&path, key, &value);
+        let err = RedbStore::open(&path).unwrap_err();
+        assert!(matches!(&err, StoreError::Corrupt { what, .. } if *what == key), "{key}: {err}");
+    }
+
     // A missing field of an initialised store is corruption too.
     let dir = tempfile::tempdir().unwrap();
     let path = created(&dir);

@@ -237,6 +237,7 @@ async fn bad_frames_end_the_connection_and_the_node_keeps_serving() {
         frame.push(0);
         frame
     };
+    let before = cluster.status(1).await.counters.requests_malformed;
     for (what, bytes, says) in [
         ("oversized", oversized, "frame size too big"),
         ("malformed", garbage, "malformed frame"),
@@ -254,6 +255,9 @@ async fn bad_frames_end_the_connection_and_the_node_keeps_serving() {
         }
         assert!(read_frame::<LocalFrame>(&mut stream).is_none(), "{what}: the node closes the connection");
     }
+    // Counted (and logged at a bounded rate) as QUIC's malformed requests are.
+    let after = cluster.status(1).await.counters.requests_malformed;
+    assert_eq!(after, before + 3, "malformed local frames counted");
     // A frame cut short, then the end of the stream: the node just closes.
     let mut stream = raw_connection(&socket);
     stream.write_all(&[0, 0, 0, 100, 1, 2, 3]).expect("send");
