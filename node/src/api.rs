@@ -250,11 +250,25 @@ async fn serve_request(
     };
     let response = response.unwrap_or_else(Response::Error);
     let undelivered = Undelivered::new(&shared, owner, &response);
-    match wire::write_frame(&mut send, &response, MAX_CLIENT_FRAME).await {
-        Ok(()) => undelivered.delivered(),
-        Err(e) => tracing::debug!(conn, "cannot answer the client: {e}"),
+    match answer_frame(&response) {
+        Ok(frame) => match send.write_all(&frame).await {
+            Ok(()) => undelivered.delivered(),
+            Err(e) => tracing::debug!(conn, "cannot answer the client: {e}"),
+        },
+        // The client is told why; a lock in the answer it does not get is given back.
+        Err(error) => {
+            tracing::warn!(conn, "an answer is not sent: {error}");
+            let _ = wire::write_frame(&mut send, &Response::Error(error), MAX_CLIENT_FRAME).await;
+        }
     }
     let _ = send.finish();
+}
+
+/// The frame of `response`, or, for one that does not fit a client frame (an epoch of very many
+/// members with long addresses), the error the client gets instead, naming the cause.
+fn answer_frame(response: &Response) -> Result<Vec<u8>, ApiError> {
+    wire::encode(response, MAX_CLIENT_FRAME)
+        .map_err(|e| ApiError::new(ErrorKind::Unavailable, format!("the answer cannot be sent: {e}")))
 }
 
 /// Answers one request of connection `owner`, whose identity is `role`, whichever transport it
@@ -538,4 +552,25 @@ pub fn lock_error(e: LockError) -> ApiError {
         | LockError::Closed => ErrorKind::Unavailable,
     };
     ApiError::new(kind, e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use keyhome_epoch::{EpochRecord, Member, NodeId, Timing};
+
+    use super::*;
+
+    /// An epoch the rules allow (1024 members with 63-byte addresses) does not fit a client frame:
+    /// its client is told so, in an error that does.
+    #[test]
+    fn an_answer_too_large_for_a_frame_becomes_an_error_naming_why() {
+        let host = "h".repeat(56);
+        let members = (1..=1024).map(|i| Member { id: NodeId(i), addr: format!("{host}:{}", 10_000 + i) });
+        let record = EpochRecord::genesis(members.collect(), Timing::DEFAULT).expect("a valid epoch");
+        let error = answer_frame(&Response::Epoch(Box::new(record))).expect_err("too large for a frame");
+        assert_eq!(error.kind, ErrorKind::Unavailable);
+        assert!(error.message.contains("exceeds the limit of 65536"), "{}", error.message);
+        assert!(wire::encode(&Response::Error(error), MAX_CLIENT_FRAME).is_ok());
+        assert!(answer_frame(&Response::Unlocked).is_ok());
+    }
 }
