@@ -15,8 +15,11 @@
 //!
 //! # Fail-stop
 //!
-//! A panic anywhere stops the process (the binary installs an aborting panic hook, and release
-//! builds abort on panic): a mutex is never taken over after a panic and run on.
+//! In the `keyhome` binary a panic anywhere stops the process (it installs an aborting panic hook,
+//! and release builds abort on panic). A program that embeds the node with unwinding gets less: a
+//! panicking task ends alone, though a core part whose lock a panicking thread held is never used
+//! again (`core::lock` aborts on a poisoned mutex); docs/api.md asks embedders for
+//! `panic = "abort"`.
 //!
 //! # Durability
 //!
