@@ -491,6 +491,8 @@ impl LockWorld {
         config.bugs.no_handover |= scenario.sim_bugs.no_handover;
         config.bugs.same_home_wait |= scenario.sim_bugs.same_home_wait;
         let epoch = EpochNode::start(config, slot.durable.clone(), now);
+        // The reused-incarnation check compares each run's first message with earlier runs'.
+        self.epoch_checker.started(i, epoch.incarnation());
         let mut home_config = HomeConfig::new(slot.id);
         home_config.bugs = scenario.bugs;
         let mut holder_config = HolderConfig::new(slot.id);
@@ -530,6 +532,7 @@ impl LockWorld {
         slot.held.clear();
         slot.timer_generation += 1;
         slot.paused_until = 0;
+        self.epoch_checker.crashed(i);
         let now = self.now;
         let breaches = self.changes.close(Some(i), now);
         self.breaches(breaches);
