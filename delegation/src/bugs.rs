@@ -24,12 +24,16 @@ pub struct Bugs {
     /// Home: forgets a delegation it granted ahead in a Recall once the holder says it passed it
     /// on, so the key is free (and granted again) while the node it was passed to holds it.
     pub forget_passes: bool,
+    /// Node core (which reads it through [`crate::HolderConfig::bugs`]): key shards do not hold
+    /// their messages for other nodes while the epoch they carry is not durable yet (the node's
+    /// `Outbox::hold`), so a crash can take a node back below an epoch it sent messages under.
+    pub no_outbox_hold: bool,
 }
 
 impl Bugs {
     /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
     /// spell them.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "deadline-from-receipt",
         "no-rate-margin",
         "release-before-revoke",
@@ -37,6 +41,7 @@ impl Bugs {
         "ignore-activation",
         "shared-serials",
         "forget-passes",
+        "no-outbox-hold",
     ];
 
     /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
@@ -49,6 +54,7 @@ impl Bugs {
             "ignore-activation" => self.ignore_activation = true,
             "shared-serials" => self.shared_serials = true,
             "forget-passes" => self.forget_passes = true,
+            "no-outbox-hold" => self.no_outbox_hold = true,
             _ => return false,
         }
         true

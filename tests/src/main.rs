@@ -38,7 +38,8 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
   --lock-bug NAME  switch off one delegation rule: deadline-from-receipt, no-rate-margin,
                 release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
                 shards number their handles alike), forget-passes (a home forgets the successor a
-                holder passed the key to), incarnation,
+                holder passed the key to), no-outbox-hold (key shards send messages under an
+                epoch not yet durable), incarnation,
                 delegation-bound (an earlier epoch's lease lets a home grant the current
                 epoch's longer delegations); or one
                 epoch-change rule, caught only with --calm: no-handover (homes adopt no

@@ -86,6 +86,14 @@ fn a_home_that_forgets_a_passed_delegation_is_caught() {
 }
 
 #[test]
+fn key_shards_that_send_under_an_epoch_not_yet_durable_are_caught() {
+    // A key shard takes a new epoch's view at once; without `Outbox::hold` its messages for
+    // other nodes leave before the epoch's write is durable, so a crash could take the node
+    // back below an epoch it sent them under (`LockWorld::check_epoch_durable`).
+    caught("no-outbox-hold", &[LockKind::Epoch(keyhome_sim::Kind::BelowFloor)]);
+}
+
+#[test]
 fn an_incarnation_that_is_not_durable_is_caught() {
     // A restarted node's first message carries the incarnation of an earlier run that sent
     // messages (the epoch checker's check, fed by `LockWorld::start` and `crash`); its tokens

@@ -122,6 +122,9 @@ pub(super) struct Shard {
     lock_hold: prometheus_client::metrics::histogram::Histogram,
     /// Report local deliveries, and messages held for other nodes, as [`Output::Observed`].
     pub observe_local: bool,
+    /// Hold messages for other nodes while the view's epoch is not durable ([`Outbox::hold`]);
+    /// false only with the test-only switch `Bugs::no_outbox_hold`.
+    hold_undurable: bool,
     /// The earliest deadline of the home and the token checks as [`Shard::poll_timeout`] last
     /// found it.
     others_due: Option<Instant>,
@@ -140,6 +143,7 @@ impl Shard {
         histograms: &crate::activity::Activity,
         now: Instant,
     ) -> Shard {
+        let hold_undurable = !holder.bugs().no_outbox_hold;
         Shard {
             id: home.id,
             place,
@@ -159,6 +163,7 @@ impl Shard {
             lock_wait: histograms.lock_wait.clone(),
             lock_hold: histograms.lock_hold.clone(),
             observe_local: false,
+            hold_undurable,
             others_due: None,
             holder_only: false,
         }
@@ -187,7 +192,7 @@ impl Shard {
     /// their keys through the change (and take its first step).
     pub fn publish(&mut self, now: Instant, published: &Published) {
         self.view = Arc::clone(&published.view);
-        self.out.hold(!published.durable);
+        self.out.hold(!published.durable && self.hold_undurable);
         if published.new_epoch {
             self.home.on_epoch_change(now, &*self.view);
             self.holder.on_epoch_change(now, &*self.view);

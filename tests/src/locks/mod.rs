@@ -63,7 +63,7 @@ pub struct SimBugs {
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 11] = [
+pub const LOCK_BUG_NAMES: [&str; 12] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
@@ -71,6 +71,7 @@ pub const LOCK_BUG_NAMES: [&str; 11] = [
     "ignore-activation",
     "shared-serials",
     "forget-passes",
+    "no-outbox-hold",
     "incarnation",
     "delegation-bound",
     "no-handover",
