@@ -43,6 +43,14 @@ pub enum LockKind {
     /// the runtime would have had nowhere to send its outcome, or told it of a lock it did not
     /// leave pending, leaving a reply nothing will answer.
     Registration,
+    /// The core decided a lock ticket it had decided before, or one no lock call of the node's
+    /// current run was left pending under: the runtime's glue would give the extra handle back
+    /// unseen (as for a caller that went away), and nothing would notice.
+    StrayDecision,
+    /// The node told a client its handle was lost (an `Expired` notice, or a renewal refused
+    /// `Expired` or `UnknownHandle`), or that a recall ends it, before the deadline that client
+    /// was told at its lock or its last renewal: something cut the handle short.
+    CutShort,
 }
 
 /// One broken invariant, at a simulated real instant.
@@ -279,6 +287,23 @@ impl LockChecker {
         let a = &mut self.admissions[id];
         if a.end.is_none() {
             a.end = Some((at, how));
+        }
+    }
+
+    /// The node told the client of admission `id` at `at` that its handle is lost (`how`): not
+    /// before the deadline it was told.
+    pub fn lost(&mut self, at: Real, id: usize, how: &str) {
+        let a = &self.admissions[id];
+        if at < a.deadline && a.end.is_none_or(|(end, _)| end > at) {
+            let detail = format!(
+                "node {} told the client of {} (k{}) it lost the handle ({how}) at {:.6}, before its told deadline {:.6}",
+                a.node,
+                a.token,
+                a.key,
+                at as f64 / 1e9,
+                a.deadline as f64 / 1e9
+            );
+            self.violation(at, LockKind::CutShort, detail);
         }
     }
 

@@ -249,6 +249,9 @@ pub struct LockWorld {
     /// Pending locks whose clients gave up and that `Core::cancel` said it withdrew, by node
     /// (for the node's current run): none of them may be decided afterwards.
     cancelled: std::collections::HashSet<(usize, Ticket)>,
+    /// Every lock ticket a lock call of a node's current run was left pending under, by node:
+    /// whether the core has decided it (each is decided at most once).
+    tickets: std::collections::HashMap<(usize, Ticket), bool>,
     /// Handles admitted for clients that had stopped waiting, as `(node, key, handle)`: each must
     /// be unlocked by the end of the event that admitted (or withdrew) it.
     loose: Vec<(usize, usize, HandleId)>,
@@ -311,6 +314,7 @@ impl LockWorld {
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
             cancelled: std::collections::HashSet::new(),
+            tickets: std::collections::HashMap::new(),
             loose: Vec::new(),
             epochs: std::collections::HashMap::new(),
             changes: Changes::new(scenario.calm, scenario.base.trace),
@@ -543,6 +547,7 @@ impl LockWorld {
         }
         self.handles.retain(|(n, _), _| *n != i);
         self.cancelled.retain(|(n, _)| *n != i);
+        self.tickets.retain(|(n, _), _| *n != i);
         self.loose.retain(|(n, _, _)| *n != i);
         for c in 0..self.slots[i].clients.len() {
             let client = &mut self.slots[i].clients[c];
@@ -1167,6 +1172,7 @@ impl LockWorld {
                 self.holding(node, client, key, handle);
             }
             Ok(LockOutcome::Pending(ticket)) => {
+                self.tickets.insert((node, ticket), false);
                 self.slots[node].clients[client].state = CState::Waiting { ticket, key, reply };
                 // Some clients give up before their wait is over, as a caller that drops its
                 // lock future, sends `Cancel` or closes its connection does.
@@ -1309,6 +1315,25 @@ impl LockWorld {
             );
             return; // the run stops at this violation
         }
+        // Each ticket is decided once. A decision with no client to take it is legitimate only
+        // for a client that is leaving (below); a second one would otherwise be absorbed here,
+        // and its handle given back unseen by the glue.
+        let stray = match self.tickets.get_mut(&(node, ticket)) {
+            None => Some("that no lock call of its current run was left pending under"),
+            Some(true) => Some("a second time"),
+            Some(decided) => {
+                *decided = true;
+                None
+            }
+        };
+        if let Some(how) = stray {
+            self.checker.violation(
+                self.now,
+                LockKind::StrayDecision,
+                format!("node {node} decided the lock {ticket:?} {how}: {result:?}"),
+            );
+            return; // the run stops at this violation
+        }
         let admitted = result.as_ref().ok().map(|h| h.id);
         let Some(c) = self.find_client(node, |s| match s {
             CState::Waiting { ticket: t, .. } | CState::Leaving { ticket: t, .. } => *t == ticket,
@@ -1365,11 +1390,24 @@ impl LockWorld {
         let client =
             self.find_client(node, |s| matches!(s, CState::Holding { handle: h, .. } if h.id == handle));
         match notice {
-            Notice::Recalled { .. } => {
+            Notice::Recalled { deadline } => {
+                let Some(c) = client else { return };
+                // The recall names when the handle ends: not before the deadline its owner was
+                // told (a renewal while recalled may only shorten it, and is told so).
+                if let CState::Holding { handle: h, .. } = &self.slots[node].clients[c].state
+                    && deadline < h.deadline
+                {
+                    let detail = format!(
+                        "node {node} recalled {} of {} ending at {deadline:?} on its clock, before the {:?} its client was told",
+                        h.token,
+                        String::from_utf8_lossy(key),
+                        h.deadline,
+                    );
+                    self.checker.violation(self.now, LockKind::CutShort, detail);
+                }
                 // Most clients hurry: they write no more and unlock at their next step, with the
                 // note of their last write. The others ignore the request and hold on to the
                 // deadline they were told, as an unresponsive client would.
-                let Some(c) = client else { return };
                 if !self.rng.chance(self.scenario.responsive) {
                     return;
                 }
@@ -1386,6 +1424,7 @@ impl LockWorld {
                     .as_ref()
                     .is_none_or(|c| c.holder(key).delegation(now, key).is_none());
                 if let Some(admission) = self.handles.remove(&(node, handle)) {
+                    self.checker.lost(self.now, admission, "an Expired notice");
                     self.checker.ended(self.now, admission, End::Expired { deleg_gone });
                 }
                 if let Some(c) = client {
