@@ -351,6 +351,15 @@ fn print_lock_stats(reports: &[&LockReport]) {
         sum(|r| r.stats.probes_ok),
         sum(|r| r.stats.passes),
     );
+    println!(
+        "renews: {} (of recalled handles: {}) ok: {} (deadline later: {}, earlier: {}) refused: {}",
+        sum(|r| r.stats.renews),
+        sum(|r| r.stats.renews_recalled),
+        sum(|r| r.stats.renews_ok),
+        sum(|r| r.stats.renews_later),
+        sum(|r| r.stats.renews_earlier),
+        sum(|r| r.stats.renews_refused),
+    );
     let mut handover = HandoverStats::default();
     for r in reports {
         handover.merge(&r.stats.handover);

@@ -87,8 +87,9 @@ pub struct Admission {
     pub node: usize,
     pub token: FencingToken,
     pub start: Real,
-    /// The deadline the client was told (the handle's deadline at admission, on its node's
-    /// clock), as real time.
+    /// The latest deadline the client was told (the handle's deadline at admission, or at its
+    /// last successful renewal, on its node's clock), as real time: a renewal moves it later or
+    /// earlier ([`LockChecker::renewed`]); a refused one leaves it.
     pub deadline: Real,
     pub end: Option<(Real, End)>,
 }
@@ -139,6 +140,15 @@ pub struct LockStats {
     pub notes_delivered: u64,
     pub recovered: u64,
     pub probes_ok: u64,
+    /// Renewals clients asked for (`Core::renew`); of them, those of a handle whose key was being
+    /// recalled, those that succeeded, and of those the ones that moved the told deadline later
+    /// and earlier; and those refused (the handle lost: each is a `CutShort`).
+    pub renews: u64,
+    pub renews_recalled: u64,
+    pub renews_ok: u64,
+    pub renews_later: u64,
+    pub renews_earlier: u64,
+    pub renews_refused: u64,
     /// Keys with waiting clients across epoch changes (see [`super::handover`]).
     pub handover: super::handover::HandoverStats,
 }
@@ -288,6 +298,21 @@ impl LockChecker {
         if a.end.is_none() {
             a.end = Some((at, how));
         }
+    }
+
+    /// Admission `id` was renewed at `at` and its client told the new deadline `deadline` (real
+    /// time), later or earlier than the one before: from now on the admission counts to it. A
+    /// renewal is a use of the handle, so it must come inside the admission.
+    pub fn renewed(&mut self, at: Real, id: usize, deadline: Real) {
+        self.used(at, id);
+        self.stats.renews_ok += 1;
+        let a = &mut self.admissions[id];
+        if deadline > a.deadline {
+            self.stats.renews_later += 1;
+        } else if deadline < a.deadline {
+            self.stats.renews_earlier += 1;
+        }
+        a.deadline = deadline;
     }
 
     /// The node told the client of admission `id` at `at` that its handle is lost (`how`): not

@@ -1,8 +1,8 @@
 //! Whole-cluster simulation with delegations under a client workload.
 //!
 //! Each node runs its epoch core, its home and its holder together ([`world`]); clients on every
-//! node lock random keys (uniform plus a Zipf-hot set), hold them, write to a fenced resource and
-//! unlock with a handoff note; processes crash, restart and pause past their deadlines. The
+//! node lock random keys (uniform plus a Zipf-hot set), hold them (sometimes renewing them), write
+//! to a fenced resource and unlock with a handoff note; processes crash, restart and pause past their deadlines. The
 //! [`check::LockChecker`] holds the delegation invariants against simulated real time, next to
 //! the epoch harness's own checker.
 //!

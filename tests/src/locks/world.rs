@@ -9,8 +9,10 @@
 //! writes and the messages held back behind them), lock outcomes go to the node's clients through
 //! the runtime's own glue ([`keyhome::core::callers`]: a client that gives up closes its reply,
 //! and withdraws its lock a while later, so the core may decide it in between as another thread
-//! of the runtime can), handle notices go to the clients too. A crash loses the whole core (homes and holders are volatile); a restart
-//! builds a new one, so the home's restart quarantine applies. A pause freezes the whole process:
+//! of the runtime can), handle notices go to the clients too. Clients holding a handle sometimes
+//! renew it (`Core::renew`), and the checker then counts the admission to the deadline renewed.
+//! A crash loses the whole core (homes and holders are volatile); a restart builds a new one, so
+//! the home's restart quarantine applies. A pause freezes the whole process:
 //! nothing is delivered to it, its timers and clients do not run, and writes its clients had
 //! checked just before reach the resource only after it resumes.
 
@@ -49,6 +51,10 @@ const GIVE_UP_ON_ANSWER: f64 = 0.02;
 /// Longest time between a client closing its reply and withdrawing its lock (ns): other calls
 /// into the core may run in between, as on the runtime's other threads.
 const LEAVE_WINDOW: u64 = 1_000_000;
+/// The chance that a workload client holding a handle, at a step where it would write, renews
+/// the handle instead (`Core::renew`, as `keyhome lock`, the Rust client and `/v1/renew` do),
+/// and writes at its next step.
+const RENEW: f64 = 0.06;
 
 #[derive(Debug)]
 enum Ev {
@@ -232,6 +238,9 @@ pub struct LockWorld {
     slots: Vec<Slot>,
     rng: Rng,
     pub scenario: LockScenario,
+    /// Draws the clients' renewals (whether, how long, how much longer to hold), apart from
+    /// `rng`, so that a run with no renewal draws everything else as it did without them.
+    renew_rng: Rng,
     links: Links,
     loss: f64,
     duplication: f64,
@@ -310,6 +319,7 @@ impl LockWorld {
             epoch_checker: Checker::new(n, base),
             checker: LockChecker::new(base.keys.len()),
             rng,
+            renew_rng: Rng::new(seed ^ 0x2e7e_5eed),
             next_write: 0,
             script_results: Vec::new(),
             handles: std::collections::HashMap::new(),
@@ -1096,6 +1106,14 @@ impl LockWorld {
                     self.pump(node, false);
                     return;
                 }
+                if writes_left > 0
+                    && self.scenario.workload
+                    && !self.slots[node].clients[client].probe
+                    && self.renew_rng.chance(RENEW)
+                {
+                    self.renew(node, client, key, handle, admission, writes_left, last_write);
+                    return;
+                }
                 if writes_left > 0 {
                     self.checker.used(self.now, admission);
                     self.next_write += 1;
@@ -1136,6 +1154,66 @@ impl LockWorld {
                 self.pump(node, false);
             }
         }
+    }
+
+    /// Client `client` of `node`, holding `handle` of `key` (admission `admission`, inside the
+    /// deadline it was told), renews it for a ttl of a quarter to twice the delegation lease, so
+    /// the new deadline may be later or earlier than the one before. What the client is told
+    /// counts as a lock's does: the handle's new deadline on the node's clock (the API tells
+    /// `valid_for` from the call's instant, shrunk by the rate margin, which a client on the
+    /// node's own clock and sending at that instant counts to a deadline no later). Told, it
+    /// holds on for up to 6/5 of the new time left, writing at its remaining steps. A refused
+    /// renewal leaves the deadline it was told in force; the handle is lost to the client, which
+    /// stops.
+    #[allow(clippy::too_many_arguments)]
+    fn renew(
+        &mut self,
+        node: usize,
+        client: usize,
+        key: usize,
+        mut handle: Handle,
+        admission: usize,
+        writes_left: u32,
+        last_write: u64,
+    ) {
+        self.checker.stats.renews += 1;
+        let now = self.local(node);
+        let lease = nanos(self.lease(node));
+        let ttl = Duration::from_nanos(self.renew_rng.range(lease / 4, 2 * lease));
+        let slot = &mut self.slots[node];
+        let core = slot.core.as_ref().expect("up");
+        if core.recalled(now, handle.id) {
+            self.checker.stats.renews_recalled += 1;
+        }
+        let result = core.renew(now, handle.id, ttl, &mut slot.glue);
+        if self.scenario.base.trace {
+            let told = result.as_ref().map(|d| self.slots[node].clock.real_at(*d) as f64 / 1e9);
+            println!(
+                "{:>12.6} node {node} client {client}: renews k{key} {} ttl {ttl:?}: deadline {told:?}",
+                self.now as f64 / 1e9,
+                handle.token,
+            );
+        }
+        match result {
+            Ok(deadline) => {
+                let told = self.slots[node].clock.real_at(deadline);
+                self.checker.renewed(self.now, admission, told);
+                let left = deadline.saturating_duration_since(now);
+                let hold = self.renew_rng.range(0, nanos(left) * 6 / 5);
+                let step = hold / (u64::from(writes_left) + 1) + 1;
+                handle.deadline = deadline;
+                self.slots[node].clients[client].state =
+                    CState::Holding { handle, key, admission, writes_left, step, last_write };
+                self.schedule_client(node, client, self.now + step);
+            }
+            Err(e @ (LockError::Expired | LockError::UnknownHandle)) => {
+                self.checker.stats.renews_refused += 1;
+                self.checker.lost(self.now, admission, &format!("a renewal refused: {e}"));
+                self.idle(node, client);
+            }
+            Err(e) => panic!("renew failed: {e}"),
+        }
+        self.pump(node, false);
     }
 
     /// Client `client` of `node` calls `lock`.
