@@ -15,7 +15,7 @@
 //! lease requests and grants under a new epoch follow the write of that epoch (the floor), and
 //! nothing at all leaves before the incarnation of the run is durable.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use keyhome_ring::{KeyDigest, NodeId};
@@ -197,11 +197,6 @@ pub struct EpochNode {
     announced: u32,
     /// Last catch-up request: which epoch it asked past, and when.
     last_catch_up: Option<(u64, Instant)>,
-    /// Later epochs told by nodes the current epoch does not name, each sender's latest (only
-    /// from a sender the record names, which names this node): such a record is learned once a
-    /// majority of its members have told it (see [`EpochNode::told_by_majority`]). Emptied when
-    /// an epoch is learned; at most one record per sender.
-    told: HashMap<NodeId, EpochRecord>,
     /// Messages to self, handled before control returns to the driver.
     local: VecDeque<Body>,
     /// Replies to self (the own votes and lease grant) produced while a write was pending: like
@@ -247,7 +242,6 @@ impl EpochNode {
             announce_at: now,
             announced: 0,
             last_catch_up: None,
-            told: HashMap::new(),
             local: VecDeque::new(),
             local_gated: Vec::new(),
             out: Ready::default(),
@@ -561,12 +555,9 @@ impl EpochNode {
             Body::Vote { slot, vote } => self.handle_vote(now, from, slot, vote),
             Body::Chosen(record) => {
                 // A retired node's certificate tells of no epoch (it may be in other hands now);
-                // members tell this node what it missed, and a node the current epoch does not
-                // name is believed only with a majority of the record's members.
+                // members tell this node what it missed.
                 if record.number > current && record.validate().is_ok() && !self.current().is_retired(from) {
-                    if self.current().is_member(from) || self.told_by_majority(from, &record) {
-                        self.learn(now, record, &[]);
-                    }
+                    self.learn(now, record, &[]);
                 } else if epoch < current || (epoch == current && record.number == current) {
                     // Already known: say so, which ends the sender's announcements to this node
                     // (and fetches anything newer it has).
@@ -656,34 +647,10 @@ impl EpochNode {
 
     // ---- learning and activation ----
 
-    /// Whether `record` (later than the current epoch, valid), now told by `from`, a node the
-    /// current epoch does not name, has been told by a majority of its own members (this node
-    /// not counted: it does not know the record).
-    ///
-    /// Such a sender is heard because a node that is behind may know none of the members of the
-    /// newest epoch (a node added long after its genesis, whose genesis members are all gone), so
-    /// they reach it as strangers. But any certificate the cluster's CA signed would be a
-    /// stranger too (one issued ahead of an `--add` that never came): alone, it could make up an
-    /// epoch naming itself and this node, which this node would then tell its members of. So a
-    /// stranger's record counts only if it names this node and the sender, and is learned once
-    /// more than half of its members have told it. One certificate alone never gets there (such
-    /// a record has at least two members); certificates of several ids no epoch named could
-    /// (docs/guarantees.md states the limit).
-    fn told_by_majority(&mut self, from: NodeId, record: &EpochRecord) -> bool {
-        let me = self.config.id;
-        if from == me || !record.is_member(me) || !record.is_member(from) {
-            return false;
-        }
-        self.told.insert(from, record.clone());
-        let tellers = self.told.values().filter(|told| *told == record).count();
-        tellers > record.members.len() / 2
-    }
-
     /// Adopts a chosen epoch newer than the current one, and broadcasts it to `announce` first:
     /// the broadcast carries the new epoch (telling every receiver this node knows it) and leaves
     /// before this node's lease requests under it.
     fn learn(&mut self, now: Instant, record: EpochRecord, announce: &[NodeId]) {
-        self.told.clear();
         if !self.bugs().no_epoch_floor {
             self.write(Write::Epoch(record.clone()));
         }

@@ -185,52 +185,6 @@ fn a_retired_node_cannot_install_an_epoch() {
     assert_eq!(c.node(1).current(), &forged, "control: a member's record is learned");
 }
 
-/// A node the current epoch does not name (node 1 knows only {1, 2, 3}) is heard telling of a
-/// later epoch, since a node that is behind may know none of the newest epoch's members. But its
-/// certificate may be one the cluster's CA signed for an id no epoch ever named: a record it
-/// tells is learned only once more than half of that record's members have told it, and only if
-/// it names this node (else it could tell this node it was removed).
-#[test]
-fn a_stranger_alone_cannot_install_an_epoch() {
-    let mut c = Cluster::new(&[1, 2, 3]);
-    c.deliver_all();
-    let genesis = c.node(1).current().clone();
-    let chain = |changes: &[Change]| {
-        changes.iter().fold(genesis.clone(), |record, change| change.apply(&record).expect("a valid change"))
-    };
-    let chosen = |record: &EpochRecord| Message { epoch: record.number, body: Body::Chosen(record.clone()) };
-    // Node 9 makes up an epoch of itself and node 1.
-    let forged = chain(&[Change::Add(member(9)), Change::Remove(NodeId(2)), Change::Remove(NodeId(3))]);
-    c.handle(9, 1, chosen(&forged));
-    assert_eq!(c.node(1).current(), &genesis, "one stranger installed an epoch");
-    // An epoch every one of whose members node 1 has never heard of, but node 1: each of 4, 5
-    // and 6 tells it; with the third, more than half of its four members have.
-    let rotated = chain(&[
-        Change::Add(member(4)),
-        Change::Add(member(5)),
-        Change::Add(member(6)),
-        Change::Remove(NodeId(2)),
-        Change::Remove(NodeId(3)),
-    ]);
-    c.handle(4, 1, chosen(&rotated));
-    c.handle(5, 1, chosen(&rotated));
-    assert_eq!(c.node(1).current(), &genesis, "two of four members are not a majority");
-    c.handle(6, 1, chosen(&rotated));
-    assert_eq!(c.node(1).current(), &rotated, "three of four told it");
-    // An epoch that leaves node 1 out is not believed from strangers, however many.
-    let mut c = Cluster::new(&[1, 2, 3]);
-    c.deliver_all();
-    let without = chain(&[Change::Add(member(4)), Change::Remove(NodeId(1))]);
-    let without = Change::Add(member(5)).apply(&without).unwrap();
-    for teller in [4, 5] {
-        c.handle(teller, 1, chosen(&without));
-    }
-    assert_eq!(c.node(1).current(), &genesis, "strangers told node 1 it was removed");
-    // A member is believed alone (it stands for an agreement this node missed).
-    c.handle(2, 1, chosen(&without));
-    assert_eq!(c.node(1).current(), &without, "control: a member's record is learned");
-}
-
 #[test]
 fn chosen_with_an_invalid_record_is_ignored() {
     let mut c = Cluster::new(&[1, 2, 3]);

@@ -51,3 +51,12 @@ fn a_seed_replays_exactly() {
         );
     }
 }
+
+/// Seed 1169: a spare whose last epoch retired node 1 is added to the 2-member epoch {1, 5}; only
+/// node 4, a member of the epoch before and a stranger to the spare, can tell it of that epoch. A
+/// rule that believed strangers only with a majority of the record's members (tried 2026-12-07,
+/// docs/protocol.md section 4) stopped every change here (`NoProgress`).
+#[test]
+fn a_spare_learns_its_epoch_from_a_member_of_the_epoch_before() {
+    assert_clean(&[run_seed(1169, &Options::default())], "");
+}
