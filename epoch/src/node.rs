@@ -474,8 +474,8 @@ impl EpochNode {
         skip: u64,
     ) -> Result<u64, ProposeError> {
         let current = self.current().clone();
-        let number =
-            current.number.checked_add(skip.max(1)).ok_or(ProposeError::Change(ChangeError::NoOp))?;
+        // A skip past the largest epoch number is refused as that number would be (by validate).
+        let number = current.number.saturating_add(skip.max(1));
         let mut next = current.clone();
         next.number = number;
         next.retired = current.retired_after(&members);

@@ -70,5 +70,9 @@ fn recovery_refuses_an_invalid_or_self_excluding_member_list() {
     c.deliver_all();
     assert!(matches!(c.recover_unsafe(1, &[], 10), Err(ProposeError::Change(_))));
     assert!(matches!(c.recover_unsafe(1, &[2], 10), Err(ProposeError::NotRecovered)));
+    // A skip past the largest epoch number says so (it said "the change leaves the epoch as it
+    // is" when the sum overflowed).
+    let err = c.recover_unsafe(1, &[1, 2], u64::MAX).unwrap_err();
+    assert!(err.to_string().contains("exceeds the largest"), "{err}");
     assert_eq!(c.epoch(1), 1, "a refused recovery changes nothing");
 }
