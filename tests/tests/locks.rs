@@ -41,7 +41,7 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
     assert!(sum(|r| r.stats.immediate) >= 5_000, "local re-locks {}", sum(|r| r.stats.immediate));
     assert!(sum(|r| r.stats.notes_delivered) >= 10_000);
     assert!(sum(|r| r.stats.recovered) >= 10_000);
-    // Stale writes are rare in this mix (15 in these seeds with clients renewing, 7 before, 16
+    // Stale writes are rare in this mix (16 in these seeds with clients renewing, 7 before, 16
     // before delegation messages waited for their epoch to be durable): the floor says fencing
     // is exercised at all.
     assert!(sum(|r| r.stats.writes_refused) >= 5, "refused {}", sum(|r| r.stats.writes_refused));
@@ -49,8 +49,8 @@ fn five_hundred_lock_seeds_hold_every_invariant() {
     assert!(sum(|r| r.stats.probes_ok) >= 1_500, "probes {}", sum(|r| r.stats.probes_ok));
     assert!(sum(|r| r.stats.given_back_from_reply) >= 500, "{}", sum(|r| r.stats.given_back_from_reply));
     assert!(sum(|r| r.stats.given_back_unclaimed) >= 30, "{}", sum(|r| r.stats.given_back_unclaimed));
-    // Clients renewed their handles (14 479 times in these seeds), recalled ones among them
-    // (2 249), and moved their told deadlines later (4 643) and earlier (2 435).
+    // Clients renewed their handles (14 421 times in these seeds), recalled ones among them
+    // (2 257), and moved their told deadlines later (4 626) and earlier (2 420).
     assert!(sum(|r| r.stats.renews_ok) >= 7_000, "renewals {}", sum(|r| r.stats.renews_ok));
     assert!(sum(|r| r.stats.renews_recalled) >= 1_000, "{}", sum(|r| r.stats.renews_recalled));
     assert!(sum(|r| r.stats.renews_later) >= 2_000, "{}", sum(|r| r.stats.renews_later));
