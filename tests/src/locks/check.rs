@@ -303,9 +303,26 @@ impl LockChecker {
     /// Admission `id` was renewed at `at` and its client told the new deadline `deadline` (real
     /// time), later or earlier than the one before: from now on the admission counts to it. A
     /// renewal is a use of the handle, so it must come inside the admission.
-    pub fn renewed(&mut self, at: Real, id: usize, deadline: Real) {
+    ///
+    /// `asked` is the end the renewal asked for (its ttl from the call's instant, as real time): a
+    /// renewal may shorten a handle to it, never below both it and the deadline told before.
+    pub fn renewed(&mut self, at: Real, id: usize, deadline: Real, asked: Real) {
         self.used(at, id);
         self.stats.renews_ok += 1;
+        let floor = self.admissions[id].deadline.min(asked);
+        if deadline < floor {
+            let a = &self.admissions[id];
+            let detail = format!(
+                "node {} renewed {} (k{}) to {:.6}, below both its told deadline {:.6} and the ttl asked ({:.6})",
+                a.node,
+                a.token,
+                a.key,
+                deadline as f64 / 1e9,
+                a.deadline as f64 / 1e9,
+                asked as f64 / 1e9
+            );
+            self.violation(at, LockKind::CutShort, detail);
+        }
         let a = &mut self.admissions[id];
         if deadline > a.deadline {
             self.stats.renews_later += 1;

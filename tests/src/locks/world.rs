@@ -1147,7 +1147,11 @@ impl LockWorld {
                         self.handles.remove(&(node, handle.id));
                         self.checker.ended(self.now, admission, End::Unlock(Some(last_write)));
                     }
-                    Err(LockError::Expired | LockError::UnknownHandle) => {}
+                    // Past its deadline (a client may hold on a little longer than told); inside
+                    // it, the node dropped the handle unannounced.
+                    Err(e @ (LockError::Expired | LockError::UnknownHandle)) => {
+                        self.checker.lost(self.now, admission, &format!("an unlock refused: {e}"));
+                    }
                     Err(e) => panic!("unlock failed: {e}"),
                 }
                 self.idle(node, client);
@@ -1197,7 +1201,8 @@ impl LockWorld {
         match result {
             Ok(deadline) => {
                 let told = self.slots[node].clock.real_at(deadline);
-                self.checker.renewed(self.now, admission, told);
+                let asked = self.slots[node].clock.real_at(now + ttl);
+                self.checker.renewed(self.now, admission, told, asked);
                 let left = deadline.saturating_duration_since(now);
                 let hold = self.renew_rng.range(0, nanos(left) * 6 / 5);
                 let step = hold / (u64::from(writes_left) + 1) + 1;
