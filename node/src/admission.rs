@@ -72,7 +72,8 @@ pub struct Limits {
     /// An address earns back one failed handshake per this long, ms [1000].
     #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub failed_handshake_refill_ms: u64,
-    /// A client request must arrive whole within this long of its stream opening, ms [5000].
+    /// A client request must arrive whole within this long of its stream opening, ms [5000]; a
+    /// peer stream's hello too (keep it well above a round trip between nodes).
     #[serde(deserialize_with = "crate::duration::ms_or_text")]
     pub request_timeout_ms: u64,
     /// Bytes of requests still arriving held at once per client connection [262144]; at least

@@ -378,8 +378,6 @@ fn decode<T: DeserializeOwned>(path: &Path, what: &'static str, bytes: &[u8]) ->
     }
 }
 
-/// Makes the new file's directory entry durable, so a freshly created store survives a power
-/// loss along with its contents.
 /// Creates `dir` and whichever of its ancestors are missing, outermost first, syncing each new
 /// directory's parent after it is made: once this returns, a crash of the machine cannot lose the
 /// directory, and with it a store [`RedbStore::create`] makes there (which syncs the store file's
@@ -398,6 +396,8 @@ pub fn create_dir_durably(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Makes the new file's directory entry durable, so a freshly created store survives a power
+/// loss along with its contents.
 fn sync_parent_dir(path: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     {
