@@ -10,18 +10,17 @@ use keyhome_epoch::{Config, Durable, EpochNode, EpochRecord, Instant, Member, No
 
 /// A core of `shards` key shards.
 fn core(shards: usize) -> Core {
+    core_with(shards, HomeConfig::new(NodeId(1)), &mut Vec::new())
+}
+
+/// Node 1's core of a genesis {1, 2, 3}, with `shards` key shards and its home configured as
+/// `home`; what its start produced goes to `out`.
+fn core_with(shards: usize, home: HomeConfig, out: &mut Vec<Output>) -> Core {
     let members =
         (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
     let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
     let epoch = EpochNode::start(Config::new(NodeId(1), 1), Durable::genesis(genesis), Instant::ZERO);
-    Core::new(
-        epoch,
-        HomeConfig::new(NodeId(1)),
-        HolderConfig::new(NodeId(1)),
-        shards,
-        Instant::ZERO,
-        &mut Vec::new(),
-    )
+    Core::new(epoch, home, HolderConfig::new(NodeId(1)), shards, Instant::ZERO, out)
 }
 
 fn reply(key: &[u8], id: u64) -> PeerMessage {
@@ -102,16 +101,12 @@ fn settle(c: &Core, now: Instant, out: &mut Vec<Output>) -> Vec<(NodeId, Body)> 
 /// and the home could grant the key again while the holder's clients still hold it).
 #[test]
 fn a_reading_older_than_one_the_core_acted_on_counts_as_that_later_one() {
-    let members =
-        (1..=3).map(|i| Member { id: NodeId(i), addr: format!("127.0.0.1:{}", 7000 + i) }).collect();
-    let genesis = EpochRecord::genesis(members, Timing::DEFAULT).expect("a valid genesis");
-    let epoch = EpochNode::start(Config::new(NodeId(1), 1), Durable::genesis(genesis), Instant::ZERO);
     // With a lock-delay the home grants no successor ahead: the waiter is granted when the key
     // is released, at the release's instant.
     let mut home = HomeConfig::new(NodeId(1));
     home.lock_delay = Duration::from_secs(1);
     let mut out = Vec::new();
-    let c = Core::new(epoch, home, HolderConfig::new(NodeId(1)), 1, Instant::ZERO, &mut out);
+    let c = core_with(1, home, &mut out);
     settle(&c, Instant::ZERO, &mut out);
     // Past the start's activation wait and quarantine, with a home lease.
     let t = Instant::ZERO + Duration::from_secs(60);

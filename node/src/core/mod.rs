@@ -243,6 +243,16 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
+/// Locks a shard for a call that changes it, and brings `now` (read before the lock) up to the
+/// latest reading the shard acted on (see [`Monotonic`](monotonic::Monotonic)): every such call
+/// enters its shard this way.
+#[inline]
+fn enter(shard: &Mutex<Shard>, now: Instant) -> (MutexGuard<'_, Shard>, Instant) {
+    let mut shard = lock(shard);
+    let now = shard.clock.at(now);
+    (shard, now)
+}
+
 /// [`lock`] found its mutex poisoned: stops the process.
 #[cold]
 fn poisoned() -> ! {
@@ -366,9 +376,8 @@ impl Core {
             self.with_membership(now, out, |ms, _, now| ms.handle_timeout(now));
         }
         for slot in &self.shards {
-            let mut shard = lock(&slot.0);
+            let (mut shard, now) = enter(&slot.0, now);
             if due(shard.poll_timeout()) {
-                let now = shard.clock.at(now);
                 shard.handle_timeout(now);
                 finish(&mut shard, out);
             }
@@ -427,8 +436,7 @@ impl Core {
     ) -> Result<LockOutcome, LockError> {
         // Hashed once: for the shard, and for the shard's holder.
         let key = self.key_hasher.hashed(key);
-        let mut shard = lock(self.shard_of_hashed(key));
-        let now = shard.clock.at(now);
+        let (mut shard, now) = enter(self.shard_of_hashed(key), now);
         let outcome = shard.lock(now, key, ttl, wait, owner);
         if let Ok(LockOutcome::Pending(ticket)) = &outcome {
             out.lock_pending(*ticket);
@@ -504,8 +512,7 @@ impl Core {
 
     /// Whether the home recalled the key of a live handle (its owner should unlock).
     pub fn recalled(&self, now: Instant, handle: HandleId) -> bool {
-        let mut shard = lock(self.shard_of_serial(handle.serial()));
-        let now = shard.clock.at(now);
+        let (shard, now) = enter(self.shard_of_serial(handle.serial()), now);
         shard.recalled(now, handle)
     }
 
@@ -522,8 +529,7 @@ impl Core {
         timeout: Duration,
         out: &mut impl Sink,
     ) -> Result<u64, LockError> {
-        let mut shard = lock(self.shard_of(&key));
-        let now = shard.clock.at(now);
+        let (mut shard, now) = enter(self.shard_of(&key), now);
         let id = shard.check(now, key, token, timeout)?;
         out.check_pending(id);
         finish(&mut shard, out);
@@ -558,8 +564,7 @@ impl Core {
     /// or passes its deadline, and its successor is told `recovered` unless it was unlocked.
     pub fn shutdown(&self, now: Instant, out: &mut impl Sink) {
         for slot in &self.shards {
-            let mut shard = lock(&slot.0);
-            let now = shard.clock.at(now);
+            let (mut shard, now) = enter(&slot.0, now);
             shard.shutdown(now);
             finish(&mut shard, out);
         }
@@ -825,9 +830,8 @@ impl Core {
         self.shard_at(((serial & self.serial_mask) as usize).min(self.shards.len() - 1))
     }
 
-    /// Runs `f` on `shard` at `now` (a reading taken before the lock, brought up to the latest
-    /// the shard has seen: see [`Monotonic`](monotonic::Monotonic)) and hands what it produced to `out`, under the
-    /// shard's lock.
+    /// Runs `f` on `shard` at `now` (brought up to the latest reading the shard acted on, see
+    /// [`enter`]) and hands what it produced to `out`, under the shard's lock.
     #[inline]
     fn with_shard<R>(
         &self,
@@ -836,8 +840,7 @@ impl Core {
         out: &mut impl Sink,
         f: impl FnOnce(&mut Shard, Instant) -> R,
     ) -> R {
-        let mut shard = lock(shard);
-        let now = shard.clock.at(now);
+        let (mut shard, now) = enter(shard, now);
         let result = f(&mut shard, now);
         finish(&mut shard, out);
         result
@@ -861,8 +864,7 @@ impl Core {
         }
         if let Some(published) = ms.publish() {
             for slot in &self.shards {
-                let mut shard = lock(&slot.0);
-                let now = shard.clock.at(now);
+                let (mut shard, now) = enter(&slot.0, now);
                 shard.publish(now, &published);
                 finish(&mut shard, out);
             }
