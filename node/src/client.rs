@@ -39,6 +39,8 @@
 mod local;
 mod quic;
 
+pub use quic::LOCK_STREAMS;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -126,7 +128,7 @@ pub struct Client {
 /// How a [`Client`] reaches its node.
 #[derive(Clone)]
 enum Transport {
-    Quic { conn: quinn::Connection, _endpoint: quinn::Endpoint },
+    Quic { conn: quic::Conn, _endpoint: quinn::Endpoint },
     Local(Arc<local::LocalConn>),
 }
 
@@ -186,7 +188,7 @@ impl Client {
             addr,
             reason: explain(node, addr, &e.to_string()),
         })?;
-        Ok(Client::over(Transport::Quic { conn, _endpoint: endpoint }))
+        Ok(Client::over(Transport::Quic { conn: quic::Conn::new(conn), _endpoint: endpoint }))
     }
 
     /// Connects to the node's local socket at `socket`; the node identifies this process by its
@@ -259,7 +261,7 @@ impl Client {
     /// Whether the connection to the node has ended (every further call fails).
     pub fn is_closed(&self) -> bool {
         match &self.transport {
-            Transport::Quic { conn, .. } => conn.close_reason().is_some(),
+            Transport::Quic { conn, .. } => conn.conn.close_reason().is_some(),
             Transport::Local(conn) => conn.is_closed(),
         }
     }
@@ -396,7 +398,7 @@ impl Client {
         let open = async {
             match &self.transport {
                 Transport::Quic { conn, .. } => {
-                    let (mut send, mut recv) = conn.open_bi().await?;
+                    let (mut send, mut recv) = conn.conn.open_bi().await?;
                     wire::write_frame(&mut send, &Request::Subscribe, MAX_CLIENT_FRAME).await?;
                     match wire::read_frame(&mut recv, MAX_CLIENT_FRAME).await? {
                         Some(Response::Subscribed) => {

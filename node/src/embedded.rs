@@ -56,7 +56,8 @@ impl Node {
         match rx.await {
             Ok(Some(Ok(answer))) => Ok(answer),
             Ok(Some(Err(refusal))) => Err(CheckError::Lock(LockError::Refused(refusal))),
-            _ => Err(CheckError::Timeout(timeout)),
+            Ok(None) => Err(CheckError::Timeout(timeout)),
+            Err(_) => Err(CheckError::Lock(LockError::Closed)), // the node stopped
         }
     }
 
@@ -162,5 +163,43 @@ impl Drop for LockGuard<'_> {
             let ending = if std::thread::panicking() { Ending::Abandoned } else { Ending::Unlocked(None) };
             let _ = self.shared.with_core(|core, now, out| core.end(now, handle, ending, out));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(60);
+    const PATIENCE: Duration = Duration::from_secs(60);
+
+    /// A node that stops by itself (here the persistence thread's path when a durable write
+    /// fails) tells the lock call waiting on it, and every later one, that it closed: none waits
+    /// on a node that decides nothing more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_of_a_node_that_stopped_itself_are_told_it_closed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let timing = keyhome_epoch::Timing {
+            home_lease: Duration::from_secs(2),
+            max_delegation_lease: Duration::from_secs(5),
+            clock_rate_ppm: 10_000,
+        };
+        let config = crate::setup::embedded_dev_node(dir.path(), timing).expect("layout");
+        let node = Node::start(config).await.expect("node starts");
+        let key = b"embedded/stopped";
+        let held = node.lock(key, TTL, PATIENCE).await.expect("hold the key");
+        let mut waiting = std::pin::pin!(node.lock(key, TTL, PATIENCE));
+        let pending = std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(waiting.as_mut(), cx).is_pending())
+        });
+        assert!(pending.await, "the second lock waits");
+
+        node.shared.write_failed(&"injected");
+        let waited = tokio::time::timeout(PATIENCE, waiting).await.expect("the waiting lock is answered");
+        assert!(matches!(waited, Err(LockError::Closed)), "{:?}", waited.err());
+        let later = tokio::time::timeout(PATIENCE, node.lock(b"embedded/other", TTL, PATIENCE)).await;
+        assert!(matches!(later, Ok(Err(LockError::Closed))), "a later lock: {:?}", later.map(|r| r.err()));
+        assert!(node.failure().is_some_and(|f| f.contains("injected")));
+        drop(held);
     }
 }

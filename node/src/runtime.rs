@@ -128,6 +128,9 @@ pub(crate) struct Replies {
     checks: HashMap<u64, CheckSender>,
     /// The caller of the operator change in progress.
     proposal: Option<ProposalReply>,
+    /// The node has stopped: callers are dropped rather than kept (they see their node closed),
+    /// since nothing would decide them any more.
+    stopped: bool,
 }
 
 /// Where a call that may leave its outcome pending sends it: the one caller of that call.
@@ -213,19 +216,28 @@ impl Sink for Carrier<'_> {
 
     fn lock_pending(&mut self, ticket: Ticket) {
         if let Some(Caller::Lock(reply)) = self.caller.take() {
-            lock(&self.shared.replies).locks.wait(ticket, reply);
+            let mut replies = lock(&self.shared.replies);
+            if !replies.stopped {
+                replies.locks.wait(ticket, reply);
+            }
         }
     }
 
     fn check_pending(&mut self, id: u64) {
         if let Some(Caller::Check(reply)) = self.caller.take() {
-            lock(&self.shared.replies).checks.insert(id, reply);
+            let mut replies = lock(&self.shared.replies);
+            if !replies.stopped {
+                replies.checks.insert(id, reply);
+            }
         }
     }
 
     fn proposal_pending(&mut self) {
         if let Some(Caller::Proposal(reply)) = self.caller.take() {
-            lock(&self.shared.replies).proposal = Some(reply);
+            let mut replies = lock(&self.shared.replies);
+            if !replies.stopped {
+                replies.proposal = Some(reply);
+            }
         }
     }
 
@@ -685,13 +697,26 @@ impl Shared {
         lock(&self.links).get(&peer).is_some_and(|l| l.state.up())
     }
 
-    /// Stops every task; `failure` says why, if the node stops by itself.
+    /// A durable write failed: nothing leaves this node any more, it admits nothing more (its
+    /// waiting lock calls fail [`LockError::Closed`]), and it stops.
+    pub(crate) fn write_failed(self: &Arc<Self>, e: &dyn std::fmt::Display) {
+        self.core.fail();
+        self.with_core(|core, now, out| core.shutdown(now, out));
+        self.stop(Some(format!("a durable write failed, so the node stopped: {e}")));
+    }
+
+    /// Stops every task; `failure` says why, if the node stops by itself. Every caller still
+    /// waiting (a lock, a token check, an operator change) is dropped, and so are later ones: it
+    /// sees its node closed at once, where it would otherwise wait on a node that decides nothing
+    /// more (an embedding program outlives its node's failure).
     pub fn stop(&self, failure: Option<String>) {
         if let Some(f) = failure {
             tracing::error!("{f}");
             lock(&self.failure).get_or_insert(f);
         }
         self.shutdown.send_replace(true);
+        let stopped = Replies { stopped: true, ..Replies::default() };
+        drop(std::mem::replace(&mut *lock(&self.replies), stopped));
     }
 
     /// The node's status, for `keyhome status`.
@@ -754,7 +779,7 @@ pub(crate) async fn lock_key(
         None => return Err(LockError::Timeout),
     };
     pending.reply = None;
-    // The sender is only dropped when the node stops.
+    // The sender is only dropped when the node stops ([`Shared::stop`]).
     result.unwrap_or(Err(LockError::Closed))
 }
 
@@ -781,11 +806,7 @@ fn persist_loop(shared: Arc<Shared>, mut store: RedbStore, jobs: std::sync::mpsc
         crate::activity::observe_span(&shared.metrics.fsync, started, shared.clock.now());
         match committed {
             Ok(()) => shared.with_core(|core, now, out| core.persisted(now, job.number, out)),
-            Err(e) => {
-                shared.core.fail();
-                shared.stop(Some(format!("a durable write failed, so the node stopped: {e}")));
-                return;
-            }
+            Err(e) => return shared.write_failed(&e),
         }
     }
 }

@@ -218,6 +218,44 @@ async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
     quitter.status().await.expect("the connection of the dropped call still serves");
 }
 
+/// Lock calls waiting on a key cannot hold up the unlock that ends their wait when they share the
+/// holder's QUIC connection (a `Client` cloned across a worker pool): more lock calls than the
+/// node lets a connection open streams wait on the key, and the holder's unlock still goes
+/// through at once; then every waiter is admitted in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_locks_leave_room_on_their_connection_for_the_unlock() {
+    const WAITERS: usize = keyhome::pki::CLIENT_STREAMS as usize + 8;
+    let cluster = started(Options::default()).await;
+    let key = key_homed_on("crowded", &[1, 2, 3], 2);
+    let shown = keyhome::status::show_key(&key);
+    let client = cluster.client(1).await;
+    let holder = client.lock(&key, TTL, PATIENCE).await.expect("hold the key");
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..WAITERS {
+        let (client, key) = (client.clone(), key.clone());
+        waiters.spawn(async move { client.lock(&key, TTL, PATIENCE).await.map(|l| l.forget()) });
+    }
+    // Every stream the client may take for waiting locks is in use.
+    let observer = cluster.client(1).await;
+    let slots = keyhome::client::LOCK_STREAMS;
+    harness::eventually(PATIENCE, "the node lists every lock slot waiting", || {
+        let (observer, shown) = (&observer, &shown);
+        async move {
+            let status = observer.status().await.ok()?;
+            status.waiting.iter().any(|w| &w.key == shown && w.locks == slots).then_some(())
+        }
+    })
+    .await;
+    holder.unlock(None).await.expect("the unlock finds a stream while the locks wait");
+    let mut admitted = 0;
+    while let Some(done) = waiters.join_next().await {
+        let handle = done.expect("task").expect("each waiter is admitted in turn");
+        client.unlock(handle, None).await.unwrap_or_else(|e| panic!("unlock {admitted}: {e}"));
+        admitted += 1;
+    }
+    assert_eq!(admitted, WAITERS);
+}
+
 /// The Rust client gives back a lock its caller stopped waiting for, when the answer crosses the
 /// withdrawal over QUIC: a fake node answers one lock only after the client reset the call's
 /// stream, and another one (acknowledged by the client's connection) before the caller, still

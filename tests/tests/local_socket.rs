@@ -295,11 +295,12 @@ async fn many_requests_in_flight_on_one_connection_within_its_bound() {
         h.unlock(None).await.expect("unlock");
     }
 
-    // Past the bound: with a key held elsewhere, MAX waiting locks are in flight on node 2's
-    // connection, and the ones after them are refused at once.
+    // Past the bound: with the key held on the same connection, MAX waiting locks are in flight
+    // on it, and the ones after them are refused at once; the holder's unlock, answered at once,
+    // takes no slot, so it ends their wait.
     let key = key_homed_on("bounded", &[1, 2, 3], 3);
-    let holder = cluster.client(3).await.lock(&key, TTL, PATIENCE).await.expect("hold the key");
     let client = cluster.local_client(2).await;
+    let holder = client.lock(&key, TTL, PATIENCE).await.expect("hold the key");
     let mut calls = tokio::task::JoinSet::new();
     for _ in 0..MAX + 2 {
         let (client, key) = (client.clone(), key.clone());
@@ -309,11 +310,12 @@ async fn many_requests_in_flight_on_one_connection_within_its_bound() {
         let err =
             calls.join_next().await.expect("a call").expect("task").expect_err("admitted past the bound");
         assert_eq!(err.kind(), Some(ErrorKind::Unavailable), "{err}");
-        assert!(err.to_string().contains("too many requests in flight"), "{err}");
+        assert!(err.to_string().contains("too many requests waiting"), "{err}");
     }
     assert!(calls.try_join_next().is_none(), "the other calls still wait");
-    drop(calls);
-    holder.unlock(None).await.expect("unlock");
+    holder.unlock(None).await.expect("an unlock while every slot waits");
+    let next = calls.join_next().await.expect("a call").expect("task");
+    next.expect("a waiter is admitted once the key is unlocked");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

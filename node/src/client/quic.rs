@@ -1,6 +1,7 @@
 //! The client's QUIC transport: one request per bidirectional stream, answered by one frame.
 //!
-//! A lock call ([`Request::may_lock`]) keeps its half of the stream open while it waits. A
+//! A lock call ([`Request::may_lock`]) keeps its half of the stream open while it waits (at most
+//! [`LOCK_STREAMS`] of them at once per connection). A
 //! caller that stops waiting (its future dropped, or the client's timeout) resets that half with
 //! [`RESET_WITHDRAW`], which withdraws the lock at the node (any call given up resets it), and
 //! the answer is read on in the background: a `Locked` answer the node sent before the reset reached it names a handle nobody
@@ -8,30 +9,64 @@
 //! next holder gets the handoff this handle got. The answer is read so that giving up halfway
 //! loses none of its bytes ([`Answer`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
 use super::ClientError;
+use crate::pki::CLIENT_STREAMS;
 use crate::wire::{self, MAX_CLIENT_FRAME, RESET_WITHDRAW, Request, Response};
 
 /// Length prefix of a frame, in bytes.
 const PREFIX: usize = 4;
+
+/// Lock calls one connection has open at once (48). They hold their stream while they wait, so
+/// they must leave room for the calls answered at once (an unlock, a renewal, a status) and the
+/// event subscription: 8 streams, and the eighth of [`CLIENT_STREAMS`] that a closed stream may
+/// not be usable for yet (the node, as quinn does, announces new stream credit only once more
+/// than an eighth of its limit has closed). Then waiting locks never hold up the unlock that
+/// would end their wait. Further lock calls wait in the client for one of these to end.
+pub const LOCK_STREAMS: usize = (CLIENT_STREAMS - CLIENT_STREAMS / 8 - 8) as usize;
+
+/// A client's QUIC connection, and the slots its waiting lock calls take.
+#[derive(Clone)]
+pub(super) struct Conn {
+    pub conn: quinn::Connection,
+    /// [`LOCK_STREAMS`] permits: one per lock call until its answer is read (or, given up, read
+    /// on and given back).
+    lock_slots: Arc<Semaphore>,
+}
+
+impl Conn {
+    pub fn new(conn: quinn::Connection) -> Conn {
+        Conn { conn, lock_slots: Arc::new(Semaphore::new(LOCK_STREAMS)) }
+    }
+}
 
 /// Sends `request` on a stream of its own and reads its answer. A call given up before its answer
 /// is read resets its half of the stream (the node withdraws what it was doing for it, or drops a
 /// request that had not arrived whole); a lock call's answer is then read on in the background
 /// for `give_back_within`, and given back if it comes.
 pub(super) async fn call(
-    conn: &quinn::Connection,
+    conn: &Conn,
     request: Request,
     give_back_within: Duration,
 ) -> Result<Response, ClientError> {
-    let (send, recv) = conn.open_bi().await?;
+    let may_lock = request.may_lock();
+    // The semaphore is never closed.
+    let slot = match may_lock {
+        true => Arc::clone(&conn.lock_slots).acquire_owned().await.ok(),
+        false => None,
+    };
+    let (send, recv) = conn.conn.open_bi().await?;
     let mut call = Call {
         conn: conn.clone(),
         send,
         answer: Some(Answer { recv, buf: Vec::new() }),
-        may_lock: request.may_lock(),
+        may_lock,
         give_back_within,
+        slot,
     };
     wire::write_frame(&mut call.send, &request, MAX_CLIENT_FRAME).await?;
     if !call.may_lock {
@@ -42,7 +77,7 @@ pub(super) async fn call(
 
 /// A call's stream until its answer is read; dropped before that, it withdraws the call.
 struct Call {
-    conn: quinn::Connection,
+    conn: Conn,
     /// The request half; a lock call leaves it open while it waits.
     send: quinn::SendStream,
     /// `None` once the answer is read (or failed): nothing left to give back.
@@ -50,6 +85,8 @@ struct Call {
     /// The answer may be a handle ([`Request::may_lock`]).
     may_lock: bool,
     give_back_within: Duration,
+    /// A lock call's slot ([`Conn::lock_slots`]), kept while its stream is.
+    slot: Option<OwnedSemaphorePermit>,
 }
 
 impl Call {
@@ -73,9 +110,11 @@ impl Drop for Call {
         // until its deadline, as when the connection is gone. The task holds the connection open
         // until it is done.
         let Ok(rt) = tokio::runtime::Handle::try_current() else { return };
-        let (conn, within) = (self.conn.clone(), self.give_back_within);
+        let (conn, within, slot) = (self.conn.clone(), self.give_back_within, self.slot.take());
         rt.spawn(async move {
-            let Ok(Ok(response)) = tokio::time::timeout(within, answer.read()).await else { return };
+            let read = tokio::time::timeout(within, answer.read()).await;
+            drop((answer, slot));
+            let Ok(Ok(response)) = read else { return };
             let Some(handle) = response.locked_handle() else { return };
             let give_back = call(&conn, Request::GiveBack { handle }, within);
             if let Ok(Err(e)) = tokio::time::timeout(within, give_back).await {
