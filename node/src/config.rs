@@ -87,7 +87,8 @@ pub struct NodeConfig {
     /// This node's certificate and key (PEM), issued by `keyhome certs issue --node ID`.
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// The genesis file, read only when the node starts for the first time.
+    /// The genesis file: the first start creates the store from it; a later start only checks,
+    /// when the file is there, that the store was created from it.
     pub genesis: PathBuf,
     /// Local lock settings.
     #[serde(default)]

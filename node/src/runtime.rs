@@ -82,6 +82,10 @@ pub enum NodeError {
     WrongIdentity { path: std::path::PathBuf, found: Role, expected: NodeId },
     #[error("the store {path} belongs to node {found}, but the configuration says node {expected}")]
     StoreIdentity { path: std::path::PathBuf, found: NodeId, expected: NodeId },
+    #[error(
+        "the store {store} was created from another genesis (digest {found}) than {genesis} (digest {expected}): is the data directory another cluster's, or was the genesis file changed?"
+    )]
+    StoreGenesis { store: std::path::PathBuf, genesis: std::path::PathBuf, found: String, expected: String },
     #[error("cannot create the data directory {path}: {source}")]
     DataDir { path: std::path::PathBuf, source: std::io::Error },
     #[error("cannot listen on {addr}: {source}")]
@@ -605,7 +609,11 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
         if meta.len() > 0 {
             match RedbStore::open(&path) {
                 Err(crate::store::StoreError::NotInitialised { .. }) => {}
-                opened => return Ok(opened?),
+                opened => {
+                    let store = opened?;
+                    check_genesis(config, &store)?;
+                    return Ok(store);
+                }
             }
         }
         tracing::warn!(path = %path.display(), "the store holds nothing (a first start stopped early)");
@@ -615,6 +623,28 @@ fn open_store(config: &NodeConfig) -> Result<RedbStore, NodeError> {
     let genesis = GenesisFile::load(&config.genesis)?.record(&config.genesis)?;
     tracing::info!(path = %path.display(), "first start: creating the store from the genesis");
     Ok(RedbStore::create(&path, &genesis, config.node_id())?)
+}
+
+/// A store opened again must come from the genesis the configuration names, when that file is
+/// still there (later starts need nothing else from it, so a removed one is not an error): a data
+/// directory of another cluster, or a genesis file rewritten since, would otherwise show only as
+/// every peer closing the connection ("another cluster").
+fn check_genesis(config: &NodeConfig, store: &RedbStore) -> Result<(), NodeError> {
+    if std::fs::symlink_metadata(&config.genesis).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(());
+    }
+    let expected = GenesisFile::load(&config.genesis)?.record(&config.genesis)?.digest();
+    let found = store.genesis_digest();
+    if found == expected {
+        return Ok(());
+    }
+    let short = |d: [u8; 32]| d[..8].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    Err(NodeError::StoreGenesis {
+        store: store.path().to_path_buf(),
+        genesis: config.genesis.clone(),
+        found: short(found),
+        expected: short(expected),
+    })
 }
 
 impl Shared {

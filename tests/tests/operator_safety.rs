@@ -1,6 +1,6 @@
 //! Operator mistakes the node and the CLI catch, with real processes: membership changes naming a
 //! member nobody can reach or an address in use, a second process started from a copy of a
-//! node's configuration, and `keyhome dev` keeping the cluster up when one node is killed.
+//! node's configuration, a store started with another cluster's genesis, and `keyhome dev` keeping the cluster up when one node is killed.
 
 use keyhome_sim::cluster as harness;
 
@@ -9,7 +9,7 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use harness::{Cluster, Options, PATIENCE};
-use keyhome::config::{NodeConfig, write_toml};
+use keyhome::config::{GenesisFile, NodeConfig, write_toml};
 use keyhome::pki::{self, Role};
 use keyhome_epoch::NodeId;
 
@@ -106,15 +106,7 @@ async fn a_copy_of_a_nodes_configuration_does_not_run_as_that_node() {
     copy.data_dir = cluster.dir.join("copy-data");
     let path = cluster.dir.join("copy.toml");
     write_toml(&path, &copy).unwrap();
-    let run =
-        cluster.cli_command(&["run", "--config", path.to_str().unwrap()]).stderr(Stdio::piped()).spawn();
-    let mut run = Proc(run.expect("start keyhome run"));
-    let status =
-        harness::eventually(PATIENCE, "the copy exits", || std::future::ready(run.0.try_wait().unwrap()))
-            .await;
-    let mut stderr = String::new();
-    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
-    assert!(!status.success(), "{stderr}");
+    let stderr = refused_start(&cluster, &path).await;
     assert!(stderr.contains("epoch 1 places it at"), "{stderr}");
 
     // A process that gets past that check (here: a bare connection with node 1's certificate,
@@ -136,6 +128,45 @@ async fn a_copy_of_a_nodes_configuration_does_not_run_as_that_node() {
     })
     .await;
     drop(conn);
+}
+
+/// A node whose store was created from another genesis than the one its configuration names (a
+/// data directory of another cluster, or a genesis file rewritten since) refuses to start, naming
+/// both; with its own genesis back it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_from_another_genesis_is_refused() {
+    let mut cluster = Cluster::layout(Options::default());
+    cluster.start_node(1);
+    cluster.status(1).await; // its store is created and committed
+    cluster.terminate(1);
+
+    let own = NodeConfig::load(&cluster.node_config(1)).unwrap().genesis;
+    let mut other = GenesisFile::load(&own).unwrap();
+    other.members.pop();
+    let other_path = cluster.dir.join("other-genesis.toml");
+    write_toml(&other_path, &other).unwrap();
+    cluster.edit_config(1, |c| c.genesis = other_path.clone());
+    let stderr = refused_start(&cluster, &cluster.node_config(1)).await;
+    assert!(stderr.contains("was created from another genesis"), "{stderr}");
+    assert!(stderr.contains("other-genesis.toml"), "{stderr}");
+
+    cluster.edit_config(1, |c| c.genesis = own);
+    cluster.start_node(1);
+    cluster.status(1).await;
+}
+
+/// Runs `keyhome run --config config`, expects it to exit unsuccessfully, and returns its stderr.
+async fn refused_start(cluster: &Cluster, config: &std::path::Path) -> String {
+    let run =
+        cluster.cli_command(&["run", "--config", config.to_str().unwrap()]).stderr(Stdio::piped()).spawn();
+    let mut run = Proc(run.expect("start keyhome run"));
+    let status =
+        harness::eventually(PATIENCE, "the node exits", || std::future::ready(run.0.try_wait().unwrap()))
+            .await;
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(run.0.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+    assert!(!status.success(), "{stderr}");
+    stderr
 }
 
 /// `keyhome dev`: a node killed with SIGKILL is started again; the others keep serving.
