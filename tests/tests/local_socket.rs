@@ -777,8 +777,9 @@ fn fake_node_of_a_stranger() {
 
 /// A process of another uid that takes the socket path (here a link in a directory anyone may
 /// write to, to a socket in its own directory; also the moment a restarting node has removed its
-/// socket) is not taken for the node: the client refuses it before reading its hello, where it
-/// could have made up tokens and deadlines.
+/// socket), or that binds in a directory it made where anyone may make one, is not taken for the
+/// node: the client refuses it before reading its hello, where it could have made up tokens and
+/// deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     use std::os::unix::fs::PermissionsExt;
@@ -812,6 +813,9 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let result = Client::connect_local(&socket).await;
+    // Nor is it through its own directory's name: it owns that directory, but anyone could have
+    // made one in the shared directory, and own it.
+    let direct = Client::connect_local(&target).await;
     // A profile may name the uid its node runs as: then that uid, and only it, is the node.
     let profile = |node_uid| keyhome::config::ClientProfile {
         node: 1,
@@ -829,13 +833,18 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     assert!(named.as_ref().is_ok_and(|c| c.local_identity().is_some()), "{:?}", named.err());
     let err = other.err().expect("a node of another uid than the profile names");
     assert!(err.to_string().contains(&format!("runs as uid {STRANGER}, not uid {}", STRANGER + 1)), "{err}");
-    let err = result.err().expect("the stranger's socket was taken for the node");
-    let text = err.to_string();
-    assert!(matches!(err, ClientError::LocalConnect { .. }), "{text}");
-    assert!(
-        text.contains(&format!("runs as uid {STRANGER}")) && text.contains("not taken for a keyhome node"),
-        "{text}"
-    );
+    for (result, name) in [(result, "the link"), (direct, "its own directory")] {
+        let err = result
+            .err()
+            .unwrap_or_else(|| panic!("the stranger's socket was taken for the node through {name}"));
+        let text = err.to_string();
+        assert!(matches!(err, ClientError::LocalConnect { .. }), "{text}");
+        assert!(
+            text.contains(&format!("runs as uid {STRANGER}"))
+                && text.contains("not taken for a keyhome node"),
+            "{text}"
+        );
+    }
 }
 
 /// A `ClientLock` dropped while its thread panics (the critical section stopped halfway) is not

@@ -48,10 +48,10 @@ struct State {
 
 /// Whether the process behind `stream`, connected to the socket at `path`, may be taken for a
 /// node: it runs as `node_uid` when the profile names one; else as root, as this process's uid,
-/// or as the owner of the directory that holds the socket's name. Anyone else who
-/// could bind the path (a directory others may write to, the moment a restarting node has removed
-/// its socket) could answer as a node with made-up tokens and deadlines; QUIC's node certificate
-/// rules that out on the network.
+/// or as the owner of the directory that holds the socket's name, where no one else could have
+/// made that directory ([`made_by_its_owner`]). Anyone else who could bind the path (a directory
+/// others may write to, the moment a restarting node has removed its socket) could answer as a
+/// node with made-up tokens and deadlines; QUIC's node certificate rules that out on the network.
 fn trusted(stream: &UnixStream, path: &Path, node_uid: Option<u32>) -> Result<(), String> {
     use std::os::unix::fs::MetadataExt;
     let server = stream.peer_cred().map_err(|e| format!("cannot read the node's credentials: {e}"))?.uid();
@@ -69,16 +69,28 @@ fn trusted(stream: &UnixStream, path: &Path, node_uid: Option<u32>) -> Result<()
     // The directory that holds the socket's name (a symbolic link to the directory is followed,
     // a socket name that is itself a link is not: its target's directory may be anyone's).
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let dir_owner = std::fs::metadata(dir).map(|m| m.uid()).ok();
+    let dir_owner =
+        std::fs::metadata(dir).map(|m| m.uid()).ok().filter(|&owner| made_by_its_owner(dir, owner));
     if server == 0 || server == own || dir_owner == Some(server) {
         return Ok(());
     }
     Err(format!(
         "the process on it runs as uid {server}: neither root, this process's uid ({own}) nor the \
-         owner of {}; it is not taken for a keyhome node (a node of another user: name its uid as \
-         the profile's node_uid)",
+         owner of {} (an owner counts only where its parent is writable by root or that owner \
+         alone); it is not taken for a keyhome node (a node of another user: name its uid as the \
+         profile's node_uid)",
         dir.display()
     ))
+}
+
+/// Whether only root or `owner` could have made `dir`: its parent belongs to one of them and no
+/// group or other may write to it. A sticky bit does not count: in a directory such as `/tmp`
+/// anyone may make a directory, and then owns it.
+fn made_by_its_owner(dir: &Path, owner: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::canonicalize(dir) else { return false };
+    let Some(parent) = dir.parent() else { return true }; // `/` itself
+    std::fs::metadata(parent).is_ok_and(|m| (m.uid() == 0 || m.uid() == owner) && m.mode() & 0o022 == 0)
 }
 
 impl LocalConn {
