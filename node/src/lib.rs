@@ -32,6 +32,7 @@ pub mod embedded;
 pub mod hotkeys;
 pub mod http;
 pub mod local;
+mod lockfile;
 pub mod machine;
 pub mod metrics;
 pub mod page;

@@ -551,8 +551,9 @@ fn issue(args: IssueArgs) -> Result<ExitCode> {
         _ => return Err("give one of --node, --operator, --client".into()),
     };
     let ca = setup::load_ca(&args.dir)?;
+    let held = setup::ClusterLock::acquire(&args.dir)?;
     let mut files = setup::Files::new();
-    let dir = setup::stage_identity(&mut files, &args.dir, &ca, &role)?;
+    let dir = setup::stage_identity(&mut files, &held, &args.dir, &ca, &role)?;
     // A node's configuration may have been edited since it was written (its data directory, say):
     // a certificate issued again (--force, a new key) keeps it.
     let kept = setup::identity_dir(&args.dir, &role).join("node.toml");

@@ -178,11 +178,35 @@ pub fn load_ca(cluster: &Path) -> Result<CaKeyPair, SetupError> {
     Ok(CaKeyPair::from_pem(&read("ca.pem")?, &read("ca.key")?)?)
 }
 
+/// An exclusive hold on a cluster directory's shared files, from reading what a change rewrites
+/// (the tokens file) until the change is committed: a `flock` on `.keyhome.lock` in the directory,
+/// waited for, released when dropped. Two `keyhome certs issue` runs at once would otherwise each
+/// rewrite the tokens file from the same contents, and one token's hash would be lost.
+pub struct ClusterLock {
+    _file: std::fs::File,
+}
+
+impl ClusterLock {
+    /// The lock file's name in a cluster directory.
+    pub const FILE: &str = ".keyhome.lock";
+
+    /// Waits for, and takes, the lock of the cluster directory `cluster` (which must exist).
+    pub fn acquire(cluster: &Path) -> Result<ClusterLock, SetupError> {
+        let path = cluster.join(ClusterLock::FILE);
+        let file = crate::lockfile::open(&path).map_err(io_err(&path))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| SetupError::Io { path, source: e.into() })?;
+        Ok(ClusterLock { _file: file })
+    }
+}
+
 /// Adds a new certificate for `role` and its key to `files`, in the role's identity directory;
 /// returns the directory. An operator or client also gets an HTTP API token (`http-token`, its
-/// hash in the cluster's tokens file, which `files` then replaces: see [`crate::http::tokens`]).
+/// hash in the cluster's tokens file, which `files` then replaces: see [`crate::http::tokens`]);
+/// `_held` is the cluster's lock, to be kept until `files` is committed.
 pub fn stage_identity(
     files: &mut Files,
+    _held: &ClusterLock,
     cluster: &Path,
     ca: &CaKeyPair,
     role: &Role,
@@ -203,8 +227,9 @@ pub fn stage_identity(
 /// Issues a certificate for `role` into its identity directory, refusing to overwrite one;
 /// returns the directory.
 pub fn issue(cluster: &Path, ca: &CaKeyPair, role: &Role) -> Result<PathBuf, SetupError> {
+    let held = ClusterLock::acquire(cluster)?;
     let mut files = Files::new();
-    let dir = stage_identity(&mut files, cluster, ca, role)?;
+    let dir = stage_identity(&mut files, &held, cluster, ca, role)?;
     files.commit(false)?;
     Ok(dir)
 }
@@ -350,6 +375,7 @@ pub fn local_cluster(
     let members: Vec<(NodeId, String)> = (1..=nodes).map(|i| (NodeId(i), advertised(i))).collect();
     init(cluster, &members, timing)?;
     let ca = load_ca(cluster)?;
+    let held = ClusterLock::acquire(cluster)?;
     let mut files = Files::new();
     let mut configs = Vec::new();
     let app = LocalAllow {
@@ -359,7 +385,7 @@ pub fn local_cluster(
         name: Some("app".into()),
     };
     for i in 1..=nodes {
-        stage_identity(&mut files, cluster, &ca, &Role::Node(NodeId(i)))?;
+        stage_identity(&mut files, &held, cluster, &ca, &Role::Node(NodeId(i)))?;
         let host = HostSettings {
             local: Some(LocalSettings::new(LOCAL_SOCKET.into(), vec![app.clone()])),
             worker_threads: shared_host_workers(nodes),
@@ -376,10 +402,10 @@ pub fn local_cluster(
     }
     let client_addr = if relayed { listen(1).to_string() } else { advertised(1) };
     let node_1_socket = identity_dir(Path::new(""), &Role::Node(NodeId(1))).join(LOCAL_SOCKET);
-    stage_identity(&mut files, cluster, &ca, &Role::Operator)?;
+    stage_identity(&mut files, &held, cluster, &ca, &Role::Operator)?;
     stage_profile(&mut files, cluster, &Role::Operator, NodeId(1), &client_addr, None)?;
     let app = Role::Client("app".into());
-    stage_identity(&mut files, cluster, &ca, &app)?;
+    stage_identity(&mut files, &held, cluster, &ca, &app)?;
     stage_profile(&mut files, cluster, &app, NodeId(1), &client_addr, Some(&node_1_socket))?;
     files.commit(false)?;
     Ok(configs)
@@ -393,4 +419,51 @@ pub const LOCAL_SOCKET: &str = "node.sock";
 pub fn shared_host_workers(nodes: u64) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     (cores / usize::try_from(nodes.max(1)).unwrap_or(usize::MAX)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While one `certs issue` holds the cluster's lock, another waits for it rather than read
+    /// the tokens file the first is about to rewrite: both tokens' hashes end up in the file.
+    #[test]
+    fn a_second_issue_waits_for_the_first_and_both_tokens_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cluster = dir.path().to_path_buf();
+        init(&cluster, &[(NodeId(1), "127.0.0.1:7000".into())], Timing::DEFAULT).expect("init");
+        let ca = load_ca(&cluster).expect("ca");
+
+        let first = ClusterLock::acquire(&cluster).expect("lock");
+        let second = std::thread::spawn({
+            let (cluster, ca) = (cluster.clone(), load_ca(&cluster).expect("ca"));
+            move || issue(&cluster, &ca, &Role::Client("b".into())).map(|_| ())
+        });
+        // The second run is seen waiting on the lock file (a blocked entry in /proc/locks).
+        let inode = std::os::unix::fs::MetadataExt::ino(
+            &std::fs::metadata(cluster.join(ClusterLock::FILE)).expect("the lock file"),
+        );
+        let waiting = format!(":{inode} ");
+        let patience = std::time::Instant::now();
+        while !std::fs::read_to_string("/proc/locks")
+            .expect("/proc/locks")
+            .lines()
+            .any(|l| l.contains("->") && l.contains(&waiting))
+        {
+            assert!(!second.is_finished(), "the second issue did not wait for the lock");
+            assert!(patience.elapsed() < std::time::Duration::from_secs(60), "the second issue never waited");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut files = Files::new();
+        stage_identity(&mut files, &first, &cluster, &ca, &Role::Client("a".into())).expect("stage");
+        files.commit(false).expect("commit");
+        drop(first);
+        second.join().expect("the second issue").expect("issued");
+
+        let text = std::fs::read_to_string(cluster.join(tokens::TOKENS_FILE)).expect("tokens file");
+        for name in ["a", "b"] {
+            let identity = Role::Client(name.into()).dns_name();
+            assert!(text.contains(&identity), "{identity} lost: {text}");
+        }
+    }
 }

@@ -17,7 +17,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Why a socket file could not be placed.
@@ -113,14 +113,7 @@ fn lock_beside(path: &Path) -> Result<File, SocketFileError> {
     name.push(".lock");
     let lock_path = path.with_file_name(name);
     let lock_err = |source| SocketFileError::Lock { path: lock_path.clone(), source };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(lock_err)?;
+    let file = crate::lockfile::open(&lock_path).map_err(lock_err)?;
     match rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(file),
         Err(rustix::io::Errno::WOULDBLOCK) => Err(SocketFileError::InUse(path.to_path_buf())),
