@@ -429,6 +429,8 @@ pub struct Incidents {
     pub request_log: RateLog,
     /// Peer connections closed for what the peer sent.
     pub link_log: RateLog,
+    /// Peer connections claiming an id another live connection holds (errors).
+    pub duplicate_log: RateLog,
 }
 
 /// One kind of incident.
@@ -470,6 +472,7 @@ impl Default for Incidents {
             handshake_log: RateLog::new("handshakes refused"),
             request_log: RateLog::new("bad client requests"),
             link_log: RateLog::new("peer connections closed"),
+            duplicate_log: RateLog::errors("connections claiming a live node's id"),
         }
     }
 }
@@ -498,7 +501,8 @@ impl Incidents {
             | Incident::ConnectionRefused => Some(&self.handshake_log),
             Incident::RequestMalformed | Incident::RequestTimedOut => Some(&self.request_log),
             Incident::PeerLinkClosed => Some(&self.link_log),
-            Incident::HandshakeRetried | Incident::DuplicateId => None,
+            Incident::DuplicateId => Some(&self.duplicate_log),
+            Incident::HandshakeRetried => None,
         }
     }
 
@@ -513,7 +517,7 @@ impl Incidents {
 
     /// Ends every log's summary window (see [`crate::ratelog`]).
     pub fn flush_logs(&self) {
-        for log in [&self.handshake_log, &self.request_log, &self.link_log] {
+        for log in [&self.handshake_log, &self.request_log, &self.link_log, &self.duplicate_log] {
             log.flush();
         }
     }

@@ -36,21 +36,14 @@ pub struct Registered<'a> {
 }
 
 impl PeerConnections {
-    /// Registers a connection authenticated as `peer` from `remote`; logs an error if another
-    /// live connection claims `peer` from a different address.
+    /// Registers a connection authenticated as `peer` from `remote`; [`Registered::other`] names
+    /// another live connection claiming `peer` from a different address, if there is one (the
+    /// caller reports it: two processes run as one node).
     pub fn register(&self, peer: NodeId, remote: SocketAddr) -> Registered<'_> {
         let serial = self.next.fetch_add(1, Ordering::Relaxed);
         let mut live = lock(&self.live);
         let conns = live.entry(peer).or_default();
         let other = conns.iter().map(|(_, addr)| *addr).find(|addr| *addr != remote);
-        if let Some(other) = other {
-            tracing::error!(
-                %peer, first = %other, second = %remote,
-                "TWO PROCESSES CLAIM TO BE NODE {peer}: live connections from {other} and {remote} both \
-                 present its certificate. Stop the one that should not run (a copy of node {peer}'s \
-                 configuration?); while both run, keyhome's guarantees do not hold"
-            );
-        }
         conns.push((serial, remote));
         Registered { other, conns: self, peer, serial }
     }

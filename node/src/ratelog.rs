@@ -1,5 +1,6 @@
 //! Rate-limited log lines for what outsiders can cause at any rate (refused handshakes, bad
-//! requests, closed peer connections): a flood must not become a flood of log.
+//! requests, closed peer connections, connections claiming a live node's id): a flood must not
+//! become a flood of log.
 //!
 //! Each [`RateLog`] logs the first event of a window in full (so the reason is always seen),
 //! counts the rest silently, and at the end of the window ([`RateLog::flush`], called every
@@ -47,6 +48,8 @@ impl std::fmt::Display for Source {
 pub struct RateLog {
     /// What an event is, in the plural ("handshakes refused").
     what: &'static str,
+    /// Whether its lines are errors (an operator must act) rather than information.
+    error: bool,
     window: Mutex<Window>,
 }
 
@@ -67,8 +70,23 @@ pub struct Summary {
 }
 
 impl RateLog {
+    /// A category whose lines are information.
     pub fn new(what: &'static str) -> RateLog {
-        RateLog { what, window: Mutex::new(Window::default()) }
+        RateLog { what, error: false, window: Mutex::new(Window::default()) }
+    }
+
+    /// A category whose lines are errors.
+    pub fn errors(what: &'static str) -> RateLog {
+        RateLog { error: true, ..RateLog::new(what) }
+    }
+
+    fn emit(&self, addr: Option<Source>, line: std::fmt::Arguments<'_>) {
+        match (self.error, addr) {
+            (false, Some(addr)) => tracing::info!(%addr, "{line}"),
+            (false, None) => tracing::info!("{line}"),
+            (true, Some(addr)) => tracing::error!(%addr, "{line}"),
+            (true, None) => tracing::error!("{line}"),
+        }
     }
 
     /// The summary line of a window.
@@ -87,7 +105,11 @@ impl RateLog {
     /// Records one event from `addr`; logs `detail` if it is the window's first.
     pub fn note(&self, addr: Source, detail: impl std::fmt::Display) {
         if self.record(addr) {
-            tracing::info!(%addr, "{}: {detail} (further ones are summed up every {} s)", self.what, WINDOW.as_secs());
+            let every = WINDOW.as_secs();
+            self.emit(
+                Some(addr),
+                format_args!("{}: {detail} (further ones are summed up every {every} s)", self.what),
+            );
         }
     }
 
@@ -111,7 +133,7 @@ impl RateLog {
         let summary =
             Summary { count: w.count, addrs: w.addrs.len(), more_addrs: w.addrs.len() >= MAX_ADDRS };
         if w.count > 1 {
-            tracing::info!("{}", self.line(&summary));
+            self.emit(None, format_args!("{}", self.line(&summary)));
         }
         Some(summary)
     }

@@ -1001,7 +1001,15 @@ async fn serve_peer(shared: Arc<Shared>, conn: quinn::Connection, peer: NodeId) 
     let remote = conn.remote_address();
     let registered = shared.peer_conns.register(peer, remote);
     if let Some(other) = registered.other {
-        shared.admission.incidents.report(Incident::DuplicateId, remote, other);
+        shared.admission.incidents.report(
+            Incident::DuplicateId,
+            remote,
+            format_args!(
+                "TWO PROCESSES CLAIM TO BE NODE {peer}: live connections from {other} and {remote} both \
+                 present its certificate. Stop the one that should not run (a copy of node {peer}'s \
+                 configuration?); while both run, keyhome's guarantees do not hold"
+            ),
+        );
     }
     while let Ok(recv) = conn.accept_uni().await {
         tokio::spawn(read_peer_stream(Arc::clone(&shared), conn.clone(), peer, recv));
