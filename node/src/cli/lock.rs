@@ -196,8 +196,12 @@ async fn lock(args: LockArgs) -> Result<ExitCode, Box<dyn std::error::Error>> {
     };
     let plan = Plan::new(args.ttl, args.kill_after, held.valid_for());
     if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
-        // A delegation near its end: its holder node renews it once half of it is left.
-        held.renew(args.ttl).await?;
+        // A delegation near its end: its holder node renews it once half of it is left. A renewal
+        // that fails gives the lock back, as every failure before CMD runs does.
+        if let Err(e) = held.renew(args.ttl).await {
+            let _ = tokio::time::timeout(GIVE_BACK_WITHIN, held.give_back()).await;
+            return Err(e.into());
+        }
         if term_at(held.deadline(), plan.kill_after, plan.margin) <= clock.now() {
             let valid_for = held.valid_for();
             let _ = held.give_back().await;
