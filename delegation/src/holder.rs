@@ -444,6 +444,16 @@ struct Request {
     held: Option<Grantee>,
 }
 
+impl Request {
+    /// When it is next sent again if unanswered: `resend` after the last send, or a quarter of
+    /// its lease if that is sooner. A resend tells the home the requester still waits, and a home
+    /// that granted it ahead credits its lease again with the wait (D2.12), so a successor
+    /// granted ahead long before the key reaches it still gets about its lease.
+    fn resend_at(&self, config: &HolderConfig) -> Instant {
+        self.last_sent + config.resend.min(self.lease / 4).max(MIN_INTERVAL)
+    }
+}
+
 /// A Recall of a delegation that has not arrived yet, as it applies on arrival: the latest
 /// grantee recalled, the node that recalled it last, and the latest successor any Recall of it
 /// carried (the waiter the home granted ahead to follow it). Boxed in its entry: it is rare.
@@ -1137,7 +1147,10 @@ impl Holder {
         let e = self.slots[slot as usize].as_mut().expect("matched entry");
         let r = e.request.take().expect("matched request");
         let early = e.early_recall.take().filter(|early| early.grantee == g.grantee).map(|early| *early);
-        let lease = g.lease.min(r.lease);
+        // A home credits a request that waited in line with its wait (D2.2): the lease counts
+        // from the first send, so it may be longer than asked, but never ends later than the
+        // lease asked for from now.
+        let lease = g.lease.min(now.saturating_duration_since(r.sent_at) + r.lease);
         let deadline = if config.bugs().deadline_from_receipt { now + lease } else { r.sent_at + lease };
         // A handle already past its deadline (the timer runs late) ends before the grant is taken
         // in: its expiry clears the key's note, which from here on may be the one this grant brings.
@@ -1753,7 +1766,7 @@ impl Entry {
             None => self.wait_left(now),
         };
         if let Some(r) = &mut self.request {
-            if now >= r.last_sent + config.resend {
+            if now >= r.resend_at(config) {
                 // Same id, so the grant still counts from the first send; the home treats it as
                 // a duplicate, which the network may produce anyway.
                 r.last_sent = now;
@@ -1812,7 +1825,7 @@ impl Entry {
             }
         }
         if let Some(r) = &self.request {
-            at(r.last_sent + config.resend);
+            at(r.resend_at(config));
         }
         if let Some(local) = &self.local {
             at(local.deadline);

@@ -161,7 +161,7 @@
 //! million and 156.8 at 1 200 000; the test `memory_per_live_delegation` (in `tests/home.rs`)
 //! checks that it stays at most 200 at every count from 16 Ki to 140 000, a range holding one
 //! doubling of both the index and the heap. [`Home::memory_estimate`] computes the same from
-//! capacities. Waiters (48 bytes each, plus a 48-byte queue) and notes are allocated only while
+//! capacities. Waiters (56 bytes each, plus a 48-byte queue) and notes are allocated only while
 //! present; handovers in progress take 40 KiB per chunk of 1 024 slots in which at least one key
 //! is being handed over (see `home/moves.rs`), so an epoch change that moves a few keys spread
 //! over a million slots holds up to 40 MB until their handovers end. Neither the slab nor the
@@ -451,6 +451,8 @@ struct Waiter {
     id: RequestId,
     /// As asked; clamped when granted (see [`granted_lease`]).
     lease: Duration,
+    /// Receipt, home clock: the grant credits the wait since (see [`Home::credited`]).
+    received: Instant,
     /// Receipt + the request's wait, home clock.
     deadline: Instant,
 }
@@ -487,8 +489,15 @@ struct Queue {
 /// at once (each holder passes it only once its last handle ended).
 #[derive(Clone, Copy, Debug)]
 struct Next {
+    /// Its `lease` is credited with the wait since `received` (see [`Home::credited`]), again at
+    /// every resend of the request.
     successor: Successor,
-    /// Conservative end, home clock: the grant instant + `rate_margin(successor.lease)`.
+    /// The lease its request asked for, and the request's receipt (home clock; for an adopted
+    /// successor, the adoption).
+    asked: Duration,
+    received: Instant,
+    /// Conservative end, home clock: the last instant `t` its lease was credited at, plus
+    /// `rate_margin` of the lease granted at `t` before the credit, or later.
     end: Instant,
     /// Its own Recall went out: it was told to pass the key on (to the next one, if any).
     recalled: bool,
@@ -561,6 +570,10 @@ struct Entry {
     /// The earliest instant the timer heap holds for this key; [`NEVER`] if none.
     wake: Instant,
     role: Role,
+    /// In `Held`: the credit for the wait in line (see [`Home::credited`]) that the lease granted
+    /// for the live delegation's `id` carried, in [`CREDIT_UNIT`]s rounded down: a resent `id`
+    /// gets it again (D2.5). Here, not in [`Live`], because it fits the entry's padding.
+    credit: u16,
     /// The [`Home::generation`] this entry was last brought up to (see [`Home::catch_up`]).
     seen: u32,
 }
@@ -1065,9 +1078,10 @@ impl Home {
                 queue: None,
                 wake: NEVER,
                 role: Role::Home,
+                credit: 0,
                 seen: self.generation,
             };
-            self.grant(now, &k, &mut e, from, id, lease, auth);
+            self.grant(now, &k, &mut e, from, id, lease, now, auth);
             self.service(now, &k, &mut e, auth);
             self.finish(now, k, e);
             return;
@@ -1103,7 +1117,7 @@ impl Home {
         let delay_until = match &mut e.phase {
             Phase::Free { .. } => {
                 self.grant_caps(from)?;
-                self.grant(now, key, e, from, id, lease, auth);
+                self.grant(now, key, e, from, id, lease, now, auth);
                 return Ok(());
             }
             Phase::Held(live) if live.holder == from && held == Some(live.grantee) => {
@@ -1114,6 +1128,7 @@ impl Home {
                 let lease = granted_lease(lease, auth);
                 live.end = live.end.max(now + self.margin(lease, ppm));
                 live.id = id;
+                e.credit = 0;
                 let grantee = live.grantee;
                 let body =
                     Body::Grant { key: key.to_vec(), id, grantee, lease, note: None, recovered: false };
@@ -1121,9 +1136,12 @@ impl Home {
                 return Ok(());
             }
             Phase::Held(live) if live.holder == from && id == live.id => {
-                // The Grant was lost and the request resent: grant again what is left, counted
-                // from any instant before now.
-                let lease = shrink(live.end.saturating_duration_since(now), ppm);
+                // The Grant was lost (or is still on its way) and the request resent: grant again
+                // what is left, counted from any instant before now, and the credit the first
+                // Grant carried for the wait in line before it (counted from the first send, as
+                // that Grant's lease was: no more than it).
+                let credit = CREDIT_UNIT * u32::from(e.credit);
+                let lease = shrink(live.end.saturating_duration_since(now), ppm) + credit;
                 let grantee = live.grantee;
                 let body = Body::Grant { key: key.to_vec(), id, grantee, lease, note: None, recovered: true };
                 self.send(from, body);
@@ -1132,11 +1150,12 @@ impl Home {
             Phase::Held(_) => None,
             Phase::Delay { until, .. } => Some(*until),
         };
-        if e.queue.as_ref().is_some_and(|q| {
-            q.waiters.iter().any(|w| w.from == from && w.id == id)
-                || q.ahead.iter().any(|n| n.successor.to == from && n.successor.id == id)
-        }) {
-            return Ok(()); // a duplicate: already queued, or granted ahead
+        if e.queue.as_ref().is_some_and(|q| q.waiters.iter().any(|w| w.from == from && w.id == id)) {
+            return Ok(()); // a duplicate: already queued
+        }
+        if let Some(i) = e.ahead().position(|n| n.successor.to == from && n.successor.id == id) {
+            self.credit_again(now, key, e, i, auth);
+            return Ok(()); // granted ahead: its holder is still waiting for the key
         }
         let deadline = now + wait.min(self.config.limits.max_request_wait);
         if let Some(until) = delay_until
@@ -1153,7 +1172,7 @@ impl Home {
         if e.waiting() >= self.config.limits.max_waiters_per_key {
             return Err(Refusal::QueueFull);
         }
-        let waiter = Waiter { from, id, lease, deadline };
+        let waiter = Waiter { from, id, lease, received: now, deadline };
         match &mut e.queue {
             Some(q) => q.waiters.push_back(waiter),
             None => {
@@ -1335,6 +1354,7 @@ impl Home {
                 queue: None,
                 wake: NEVER,
                 role: Role::Adopted,
+                credit: 0,
                 seen: self.generation,
             };
             match live {
@@ -1345,7 +1365,8 @@ impl Home {
                     if !h.ahead.is_empty() {
                         let ahead = h.ahead.iter().map(|&(successor, remaining)| {
                             let end = now + rate_margin(remaining, ppm);
-                            Next { successor, end, recalled: false }
+                            let asked = successor.lease;
+                            Next { successor, asked, received: now, end, recalled: false }
                         });
                         e.queue = Some(Box::new(Queue {
                             waiters: VecDeque::new(),
@@ -1442,7 +1463,8 @@ impl Home {
 
     // ---- per-key state changes ----
 
-    /// Grants the free key `e` to `from` for request `id`, handing over the record's note.
+    /// Grants the free key `e` to `from` for request `id`, received at `received`, handing over
+    /// the record's note.
     #[allow(clippy::too_many_arguments)]
     fn grant(
         &mut self,
@@ -1451,7 +1473,8 @@ impl Home {
         e: &mut Entry,
         from: NodeId,
         id: RequestId,
-        lease: Duration,
+        asked: Duration,
+        received: Instant,
         auth: &impl Authority,
     ) {
         let (note, recovered) = match &mut e.phase {
@@ -1461,9 +1484,9 @@ impl Home {
         self.counter += 1;
         self.counters.grants += 1;
         let grantee = Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
-        let lease = granted_lease(lease, auth);
-        let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
+        let (lease, credit, end) = self.credited(now, asked, received, auth);
         e.phase = Phase::Held(Live { holder: from, grantee, id, end });
+        e.credit = credit_units(credit);
         if let Some(q) = e.queue.as_mut() {
             // Others still wait: the new holder hears so at once.
             q.recall_next = now;
@@ -1475,6 +1498,30 @@ impl Home {
         }
         let note = note.map(Vec::from);
         self.send(from, Body::Grant { key: key.to_vec(), id, grantee, lease, note, recovered });
+    }
+
+    /// The lease a grant at `now` of a request asking `asked`, received at `received`, carries,
+    /// and the conservative end it gives the delegation. The holder counts the lease from the
+    /// request's first send, which is before `received`, so a request that waited in line would
+    /// get a lease spent on arrival (a waiter that waits longer than a lease, as waiters behind
+    /// holders that keep the key to their deadlines do, would hand every grant back and ask
+    /// again at the back of the line). So the lease is credited with the wait: `granted_lease +
+    /// shrink(now − received)`. The holder's deadline still comes before the end, `now +
+    /// rate_margin(granted_lease)`: the credit is at most the real time from `received` to
+    /// `now` shrunk by `1 − ε`, and the request was sent before `received`, so the deadline
+    /// passes, in real time, no later than one sent at `now` for `granted_lease` would (D5).
+    /// Returns the lease, the credit in it, and the end.
+    fn credited(
+        &self,
+        now: Instant,
+        asked: Duration,
+        received: Instant,
+        auth: &impl Authority,
+    ) -> (Duration, Duration, Instant) {
+        let ppm = auth.timing().clock_rate_ppm;
+        let lease = granted_lease(asked, auth);
+        let credit = shrink(now.saturating_duration_since(received), ppm);
+        (lease.saturating_add(credit), credit, now + self.margin(lease, ppm))
     }
 
     /// Makes `e` free with what the next grant carries, within the record caps; `last` is the
@@ -1595,11 +1642,36 @@ impl Home {
             self.counters.passes += 1;
             let grantee =
                 Grantee { epoch: auth.epoch(), incarnation: auth.incarnation(), counter: self.counter };
-            let lease = granted_lease(w.lease, auth);
-            let end = now + self.margin(lease, auth.timing().clock_rate_ppm);
+            let (lease, _, end) = self.credited(now, w.lease, w.received, auth);
             let successor = Successor { to: w.from, id: w.id, grantee, lease };
-            q.ahead.push_back(Next { successor, end, recalled: false });
+            let (asked, received) = (w.lease, w.received);
+            q.ahead.push_back(Next { successor, asked, received, end, recalled: false });
         }
+    }
+
+    /// The holder of successor `ahead[i]` of `e` resent its request: it still waits for the key.
+    /// While this home may grant ahead (as [`Home::recall`] decides), the successor's lease is
+    /// credited again with its wait up to now and its end moved to the credit's, and the
+    /// delegation before it is recalled at once naming the credited successor, so that however
+    /// long the key takes to reach it, it arrives with about a lease left (at most a resend
+    /// period less). A holder that stops resending (it crashed, or its lockers left) is not
+    /// credited again: its successor reaches its end as before.
+    fn credit_again(&mut self, now: Instant, key: &KeyRef, e: &mut Entry, i: usize, auth: &impl Authority) {
+        let may_pass = self.config.passes
+            && self.config.lock_delay.is_zero()
+            && matches!(e.role, Role::Home | Role::Adopted)
+            && self.may_grant(now, key, e.role, auth).is_ok();
+        let (Phase::Held(live), Some(q), true) = (&e.phase, e.queue.as_mut(), may_pass) else { return };
+        let (to, grantee) = match i.checked_sub(1) {
+            None => (live.holder, live.grantee),
+            Some(j) => (q.ahead[j].successor.to, q.ahead[j].successor.grantee),
+        };
+        let n = &mut q.ahead[i];
+        let (lease, _, end) = self.credited(now, n.asked, n.received, auth);
+        n.successor.lease = lease;
+        n.end = n.end.max(end);
+        let next = Some(n.successor);
+        self.send(to, Body::Recall { key: key.to_vec(), grantee, next });
     }
 
     /// The delegations of `e` up to `ahead[i]` have ended, each passing the key to the next:
@@ -1623,7 +1695,7 @@ impl Home {
         let (end, last) = (live.end, live.grantee);
         let next = e.queue.as_mut().and_then(|q| q.ahead.pop_front());
         e.tidy_queue();
-        let Some(Next { successor: s, end: next_end, recalled }) = next else {
+        let Some(Next { successor: mut s, asked, received, end: next_end, recalled }) = next else {
             match how {
                 Ended::Released { note, recovered } => self.set_free(now, e, note, recovered, last),
                 // Callers say `Passed` only of a successor they found.
@@ -1663,7 +1735,17 @@ impl Home {
             Ended::PassedToDropped | Ended::Expired => may_grant.then_some((None, true)),
         };
         e.phase = Phase::Held(taken);
+        // Passed on by a holder: a resend the successor made before the Pass reached it is a
+        // stray there, and needs no credit.
+        e.credit = 0;
         if let Some((note, recovered)) = grant {
+            // Granted now by this home: credited with the wait up to now, like any grant.
+            let (lease, credit, end) = self.credited(now, asked, received, auth);
+            s.lease = lease;
+            if let Phase::Held(live) = &mut e.phase {
+                live.end = live.end.max(end);
+            }
+            e.credit = credit_units(credit);
             let body = Body::Grant {
                 key: key.to_vec(),
                 id: s.id,
@@ -1717,7 +1799,7 @@ impl Home {
                 self.refuse(w.from, key.to_vec(), w.id, Refusal::RequesterFull);
             } else {
                 self.counters.handoffs += 1;
-                self.grant(now, key, e, w.from, w.id, w.lease, auth);
+                self.grant(now, key, e, w.from, w.id, w.lease, w.received, auth);
                 return;
             }
         }
@@ -1959,6 +2041,14 @@ fn forget_record(e: &mut Entry) {
     }
 }
 
+/// The unit [`Entry::credit`] counts in: 16 ms, so that up to about 17 minutes fit.
+const CREDIT_UNIT: Duration = Duration::from_millis(16);
+
+/// `d` in whole [`CREDIT_UNIT`]s, rounded down, at most `u16::MAX` of them.
+fn credit_units(d: Duration) -> u16 {
+    u16::try_from(d.as_nanos() / CREDIT_UNIT.as_nanos()).unwrap_or(u16::MAX)
+}
+
 /// The lease a grant or renewal gives for an `asked` one: at most the current epoch's
 /// `max_delegation_lease`, read at the instant of granting. A request queued under an earlier epoch
 /// may be granted under a later one that allows less; and [`Authority::home_active`] vouches only
@@ -2008,7 +2098,7 @@ mod tests {
         assert!(std::mem::size_of::<Entry>() <= 88, "{}", std::mem::size_of::<Entry>());
         assert_eq!(Home::ENTRY_BYTES, 104);
         assert_eq!(std::mem::size_of::<Reverse<(Instant, u32)>>(), 16);
-        assert_eq!(std::mem::size_of::<Waiter>(), 48);
+        assert_eq!(std::mem::size_of::<Waiter>(), 56);
         assert_eq!(std::mem::size_of::<Queue>(), 80);
     }
 }

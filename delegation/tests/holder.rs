@@ -236,12 +236,18 @@ fn deadline_counts_from_the_send_instant_not_receipt() {
     let handle = locked_event(&mut h, ticket);
     assert_eq!(handle.deadline, at(10_000), "send instant + lease, not receipt + lease");
     assert_eq!(h.delegation(at(3_000), b"k").map(|d| d.deadline), Some(at(10_000)));
-    // A grant of more than was asked counts only what was asked.
+    // A grant of more than was asked (a home credits a request with its wait in line, D2.2)
+    // counts from the send instant too, but ends no later than the lease asked from its arrival.
     let mut h2 = holder();
     pending(h2.lock(at(0), b"k", secs(60), secs(30), &auth));
     let r2 = one_request(&mut h2);
     h2.handle_message(at(100), HOME, grant(b"k", r2.id, grantee(1), secs(25), None, false), &auth);
-    assert_eq!(h2.delegation(at(100), b"k").map(|d| d.deadline), Some(at(10_000)));
+    assert_eq!(h2.delegation(at(100), b"k").map(|d| d.deadline), Some(at(10_100)));
+    let mut h3 = holder();
+    pending(h3.lock(at(0), b"k", secs(60), secs(30), &auth));
+    let r3 = one_request(&mut h3);
+    h3.handle_message(at(100), HOME, grant(b"k", r3.id, grantee(1), ms(10_050), None, false), &auth);
+    assert_eq!(h3.delegation(at(100), b"k").map(|d| d.deadline), Some(at(10_050)));
     // The handle is valid up to the last nanosecond before the deadline, and lost at it.
     tick(&mut h, &auth, at(10_000) - NS);
     assert!(events(&mut h).is_empty());

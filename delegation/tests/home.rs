@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use keyhome_delegation::home::{HANDOVER_SENDS, retry_period};
+use keyhome_delegation::home::{HANDOVER_SENDS, retry_period, shrink};
 use keyhome_delegation::{
     Authority, Body, CheckAnswer, Delegation, FencingToken, Grantee, Handed, Home, HomeConfig, HomeCounters,
     KeyStatus, Limits, Message, Refusal, RequestId, Successor,
@@ -113,6 +113,12 @@ fn at(ms: u64) -> Instant {
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
+}
+
+/// The lease a grant at `now` carries for a request for `lease` (clamped) received at
+/// `received`: credited with its wait in line (rule 2).
+fn credited(lease: Duration, received: Instant, now: Instant) -> Duration {
+    lease + shrink(now.saturating_duration_since(received), TIMING.clock_rate_ppm)
 }
 
 /// The home's conservative end of a lease granted at `t`.
@@ -343,7 +349,7 @@ fn a_queued_request_granted_after_a_timing_change_gets_the_new_bound() {
         [(B, Body::Grant { id: RequestId { seq: 10, .. }, grantee, lease, .. })] => (*grantee, *lease),
         other => panic!("{other:?}"),
     };
-    assert_eq!(lease, shorter);
+    assert_eq!(lease, credited(shorter, at(1), at(3)), "the new bound, and the wait in line");
     assert_eq!(home.delegation(b"k").unwrap().end, end_of(at(3), shorter));
     home.handle_message(at(4), B, request(2, b"k", 11, ms(800), ms(0), Some(grantee)), &auth);
     assert_eq!(the_grant(&mut home, B).2, shorter, "a renewal is clamped too");
@@ -411,6 +417,33 @@ fn waiters_are_served_in_order_and_deduplicated() {
         [(C, Body::Grant { id: RequestId { seq: 20, .. }, .. }), (C, Body::Recall { .. })]
     ));
     assert_eq!(waiters(&home, b"k"), vec![(N, 30)]);
+}
+
+/// A grant to a request that waited in line is credited with the wait (rule 2), the end counted
+/// as for an uncredited grant; a resend of the request answered while that Grant may be on its
+/// way gets the credit again (rule 5), or it could overtake the Grant and come spent.
+#[test]
+fn a_grant_after_a_wait_in_line_is_credited_and_so_is_its_resend() {
+    let mut home = home();
+    let auth = Script::new(H);
+    let g = grant(&mut home, &auth, at(0), A, b"k", 1);
+    home.handle_message(at(1), B, req(b"k", 10, ms(900)), &auth);
+    drain(&mut home);
+    // (A's Recall is due again at the release too.)
+    home.handle_message(at(401), A, release(1, b"k", g, None), &auth);
+    let lease = match &drain(&mut home)[..] {
+        [(A, Body::Recall { .. }), (B, Body::Grant { id: RequestId { seq: 10, .. }, lease, .. })] => *lease,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(lease, credited(ms(500), at(1), at(401)));
+    let end = end_of(at(401), ms(500));
+    assert_eq!(home.delegation(b"k").unwrap().end, end);
+    home.handle_message(at(402), B, req(b"k", 10, ms(900)), &auth);
+    let (id, _, again, _, recovered) = the_grant(&mut home, B);
+    // What is left, and the credit (392.08 ms) in whole 16 ms units: 384 ms.
+    let left = shrink(end.saturating_duration_since(at(402)), TIMING.clock_rate_ppm);
+    assert_eq!((id, again, recovered), (10, left + ms(384), true));
+    assert!(again <= lease);
 }
 
 #[test]
@@ -1540,9 +1573,11 @@ fn release_passing(key: &[u8], grantee: Grantee, note: Option<&[u8]>, passed: Op
 }
 
 /// The `Grant` a home sends by itself, for request `id`, to a successor granted ahead whose
-/// handoff it cannot vouch for: the successor's 500 ms lease, no note, `recovered`.
-fn recovered_grant(id: u64, grantee: Grantee) -> Body {
-    Body::Grant { key: b"k".to_vec(), id: rid(id), grantee, lease: ms(500), note: None, recovered: true }
+/// handoff it cannot vouch for: the successor's 500 ms lease credited with its wait since
+/// `received` up to `now`, no note, `recovered`.
+fn recovered_grant(id: u64, grantee: Grantee, received: Instant, now: Instant) -> Body {
+    let lease = credited(ms(500), received, now);
+    Body::Grant { key: b"k".to_vec(), id: rid(id), grantee, lease, note: None, recovered: true }
 }
 
 /// `A` holds `k` (granted at 0); `B` queues at 1 ms and is granted ahead in the Recall to `A`.
@@ -1566,14 +1601,19 @@ fn a_passed_delegation_moves_to_its_successor_without_a_grant() {
     let mut home = passing_home();
     let auth = Script::new(H);
     let (g, next) = granted_ahead(&mut home, &auth);
-    // A resend of B's request is neither queued again nor answered: A answers it.
+    // A resend of B's request is neither queued again nor answered (A answers it), but B still
+    // waits: its lease is credited with the wait so far, and A told so at once (rule 12).
     home.handle_message(at(2), B, req(b"k", 10, ms(900)), &auth);
-    assert_eq!(drain(&mut home), vec![]);
+    let credited_next = Successor { lease: credited(ms(500), at(1), at(2)), ..next };
+    assert_eq!(
+        drain(&mut home),
+        vec![(A, Body::Recall { key: b"k".to_vec(), grantee: g, next: Some(credited_next) })]
+    );
     home.handle_message(at(3), A, release_passing(b"k", g, Some(b"n"), Some(next.grantee)), &auth);
     assert_eq!(drain(&mut home), vec![], "A passed it: nothing for the home to send");
     let d = home.delegation(b"k").expect("live");
     assert_eq!((d.holder, d.grantee), (B, next.grantee));
-    assert_eq!(d.end, end_of(at(1), ms(500)), "its lease counts from the Recall that granted it");
+    assert_eq!(d.end, end_of(at(2), ms(500)), "its lease counts from its last credit");
     // The next waiter is granted ahead in a Recall to B at once.
     home.handle_message(at(4), C, req(b"k", 20, ms(900)), &auth);
     assert!(matches!(&drain(&mut home)[..], [(B, Body::Recall { next: Some(Successor { to: C, .. }), .. })]));
@@ -1588,7 +1628,7 @@ fn a_release_that_passed_nothing_is_granted_on_by_the_home() {
     // the successor its grant, with the release's note.
     home.handle_message(at(3), A, release_passing(b"k", g, Some(b"n"), None), &auth);
     let (id, grantee, lease, note, recovered) = the_grant(&mut home, B);
-    assert_eq!((id, grantee, lease), (10, next.grantee, ms(500)));
+    assert_eq!((id, grantee, lease), (10, next.grantee, credited(ms(500), at(1), at(3))));
     assert_eq!((note.as_deref(), recovered), (Some(&b"n"[..]), false));
 }
 
@@ -1600,14 +1640,15 @@ fn an_expired_holder_leaves_its_successor_live() {
     home.handle_message(at(2), C, req(b"k", 20, ms(2_000)), &auth);
     drain(&mut home);
     // A's Release (and maybe its Pass) is lost; at A's end the home cannot tell whether B holds
-    // the key, so B holds it, granted `recovered`, to the end counted from the Recall.
+    // the key, so B holds it, granted `recovered` now (its wait credited), to the end counted
+    // from now.
     let a_end = end_of(at(0), ms(500));
     home.handle_timeout(a_end, &auth);
     let out = drain(&mut home);
-    assert!(out.contains(&(B, recovered_grant(10, next.grantee))), "{out:?}");
+    assert!(out.contains(&(B, recovered_grant(10, next.grantee, at(1), a_end))), "{out:?}");
     assert!(out.iter().all(|(to, _)| *to != C), "C is not granted while B may hold the key: {out:?}");
     let d = home.delegation(b"k").expect("live");
-    assert_eq!((d.holder, d.grantee, d.end), (B, next.grantee, end_of(at(1), ms(500))));
+    assert_eq!((d.holder, d.grantee, d.end), (B, next.grantee, end_of(a_end, ms(500))));
     // A's late release changes nothing.
     home.handle_message(a_end, A, release_passing(b"k", g, None, Some(next.grantee)), &auth);
     assert_eq!(home.delegation(b"k").map(|d| d.holder), Some(B));
@@ -1752,7 +1793,7 @@ fn a_release_that_passed_nothing_down_the_chain_is_granted_on_by_the_home() {
     // B got the key and gave it back without passing it (its Pass was late for it, say).
     home.handle_message(at(4), B, release_passing(b"k", b.grantee, Some(b"b"), None), &auth);
     let (id, grantee, lease, note, recovered) = the_grant(&mut home, C);
-    assert_eq!((id, grantee, lease), (20, c.grantee, ms(500)));
+    assert_eq!((id, grantee, lease), (20, c.grantee, credited(ms(500), at(2), at(4))));
     assert_eq!((note.as_deref(), recovered), (Some(&b"b"[..]), false));
 }
 
@@ -1764,14 +1805,15 @@ fn an_expired_holder_leaves_the_chain_behind_it_in_place() {
     let a_end = end_of(at(0), ms(500));
     home.handle_timeout(a_end, &auth);
     let out = drain(&mut home);
-    assert_eq!(out[0], (B, recovered_grant(10, b.grantee)), "B may hold the key");
+    assert_eq!(out[0], (B, recovered_grant(10, b.grantee, at(1), a_end)), "B may hold the key");
     assert!(out.iter().all(|(to, _)| *to == B), "C stays ahead of B, told nothing: {out:?}");
     assert!(matches!(
         &check(&mut home, &auth, a_end, b"k", c.grantee.token(0))[..],
         [(C, Body::Probe { .. })]
     ));
-    // Past B's own end, C (which B may have passed the key to) is granted the key by the home.
-    home.handle_timeout(end_of(at(1), ms(500)), &auth);
+    // Past B's own end (counted from its grant at A's end), C (which B may have passed the key
+    // to) is granted the key by the home.
+    home.handle_timeout(end_of(a_end, ms(500)), &auth);
     let (id, grantee, _, _, recovered) = the_grant(&mut home, C);
     assert_eq!((id, grantee, recovered), (20, c.grantee, true));
 }
@@ -1860,7 +1902,7 @@ fn a_successor_past_its_end_leaves_the_chain_behind_it_in_place() {
     home.handle_message(at(200), A, release_passing(b"k", g, Some(b"a"), Some(b.grantee)), &auth);
     let grants: Vec<_> =
         drain(&mut home).into_iter().filter(|(_, b)| matches!(b, Body::Grant { .. })).collect();
-    assert_eq!(grants, vec![(C, recovered_grant(20, c.grantee))]);
+    assert_eq!(grants, vec![(C, recovered_grant(20, c.grantee, at(2), at(200)))]);
 }
 
 /// Found in review: the same release, when the home may not grant at that instant (its home

@@ -16,6 +16,7 @@
 use std::ops::Range;
 
 pub mod check;
+pub mod contend;
 pub mod handover;
 pub mod scenario;
 pub mod world;

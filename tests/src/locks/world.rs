@@ -1257,9 +1257,13 @@ impl LockWorld {
             Ok(LockOutcome::Pending(ticket)) => {
                 self.tickets.insert((node, ticket), false);
                 self.slots[node].clients[client].state = CState::Waiting { ticket, key, reply };
-                // Some clients give up before their wait is over, as a caller that drops its
-                // lock future, sends `Cancel` or closes its connection does.
-                if !self.slots[node].clients[client].probe && self.rng.chance(GIVE_UP) {
+                // Some workload clients give up before their wait is over, as a caller that
+                // drops its lock future, sends `Cancel` or closes its connection does. Scripted
+                // clients wait as their script says.
+                if self.scenario.workload
+                    && !self.slots[node].clients[client].probe
+                    && self.rng.chance(GIVE_UP)
+                {
                     let at = self.now + self.rng.range(0, nanos(wait).max(1));
                     self.schedule_client(node, client, at);
                 }
@@ -1576,6 +1580,42 @@ impl LockWorld {
     /// Scripted: whether client 0 of `node` holds a handle.
     pub fn script_holds(&self, node: usize) -> bool {
         matches!(self.slots[node].clients[0].state, CState::Holding { .. })
+    }
+
+    /// Scripted: whether client 0 of `node` waits for a lock it asked for.
+    pub fn script_waiting(&self, node: usize) -> bool {
+        matches!(self.slots[node].clients[0].state, CState::Waiting { .. })
+    }
+
+    /// Scripted: client 0 of `node` renews its handle for `ttl`, as [`LockWorld`]'s workload
+    /// clients do. Returns the deadline it is told (real time), or `None` if it holds nothing or
+    /// the renewal was refused (the handle is then lost to it).
+    pub fn script_renew(&mut self, node: usize, ttl: Duration) -> Option<Real> {
+        let CState::Holding { mut handle, key, admission, .. } = self.slots[node].clients[0].state.clone()
+        else {
+            return None;
+        };
+        let now = self.local(node);
+        let slot = &mut self.slots[node];
+        let result = slot.core.as_ref().expect("up").renew(now, handle.id, ttl, &mut slot.glue);
+        let told = match result {
+            Ok(deadline) => {
+                let told = self.slots[node].clock.real_at(deadline);
+                let asked = self.slots[node].clock.real_at(now + ttl);
+                self.checker.renewed(self.now, admission, told, asked);
+                handle.deadline = deadline;
+                self.slots[node].clients[0].state =
+                    CState::Holding { handle, key, admission, writes_left: 0, step: 0, last_write: 0 };
+                Some(told)
+            }
+            Err(e) => {
+                self.checker.lost(self.now, admission, &format!("a renewal refused: {e}"));
+                self.slots[node].clients[0].state = CState::Idle;
+                None
+            }
+        };
+        self.pump(node, false);
+        told
     }
 
     /// Scripted: client 0 of `node` unlocks with a note.
