@@ -28,12 +28,18 @@ pub struct Bugs {
     /// their messages for other nodes while the epoch they carry is not durable yet (the node's
     /// `Outbox::hold`), so a crash can take a node back below an epoch it sent messages under.
     pub no_outbox_hold: bool,
+    /// Home: a grant's credit for the wait in line is the wait as the home's clock measured it,
+    /// not shrunk by the clock-rate bound.
+    pub unshrunk_credit: bool,
+    /// Home: a successor granted ahead and credited again when its request is resent keeps the
+    /// end of its first grant ahead, while the predecessor is told the larger lease.
+    pub stale_credit_end: bool,
 }
 
 impl Bugs {
     /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
     /// spell them.
-    pub const NAMES: [&'static str; 8] = [
+    pub const NAMES: [&'static str; 10] = [
         "deadline-from-receipt",
         "no-rate-margin",
         "release-before-revoke",
@@ -42,6 +48,8 @@ impl Bugs {
         "shared-serials",
         "forget-passes",
         "no-outbox-hold",
+        "unshrunk-credit",
+        "stale-credit-end",
     ];
 
     /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
@@ -55,6 +63,8 @@ impl Bugs {
             "shared-serials" => self.shared_serials = true,
             "forget-passes" => self.forget_passes = true,
             "no-outbox-hold" => self.no_outbox_hold = true,
+            "unshrunk-credit" => self.unshrunk_credit = true,
+            "stale-credit-end" => self.stale_credit_end = true,
             _ => return false,
         }
         true

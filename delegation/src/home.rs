@@ -1520,7 +1520,8 @@ impl Home {
     ) -> (Duration, Duration, Instant) {
         let ppm = auth.timing().clock_rate_ppm;
         let lease = granted_lease(asked, auth);
-        let credit = shrink(now.saturating_duration_since(received), ppm);
+        let waited = now.saturating_duration_since(received);
+        let credit = if self.bugs().unshrunk_credit { waited } else { shrink(waited, ppm) };
         (lease.saturating_add(credit), credit, now + self.margin(lease, ppm))
     }
 
@@ -1669,7 +1670,9 @@ impl Home {
         let n = &mut q.ahead[i];
         let (lease, _, end) = self.credited(now, n.asked, n.received, auth);
         n.successor.lease = lease;
-        n.end = n.end.max(end);
+        if !self.bugs().stale_credit_end {
+            n.end = n.end.max(end);
+        }
         let next = Some(n.successor);
         self.send(to, Body::Recall { key: key.to_vec(), grantee, next });
     }

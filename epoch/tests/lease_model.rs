@@ -25,7 +25,11 @@
 //!   forgets its history and leases and waits [`restart_wait`].
 //! - **Grants** (ghost): a node for which [`may_grant`] holds at instant `t` may grant the key a
 //!   delegation of its current epoch's `max_delegation_lease` `D` at any instant before the next
-//!   tick (as `Home` clamps every grant to it), live until `t + 1 + D` at the latest. The state
+//!   tick, live until `t + 1 + D` at the latest: `Home` clamps every grant's lease to `D`, and the
+//!   credit a grant adds for the request's wait in line is at most the time from the request's
+//!   send to the grant, so the delegation ends no later than `D` after the grant (a successor
+//!   credited again counts as granted then; the model has no clock rates, so it does not check
+//!   the credit's shrink by the rate bound, which the lock simulation does). The state
 //!   keeps each node's latest such end, its *reach*, which survives restarts.
 //!
 //! # Property

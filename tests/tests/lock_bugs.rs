@@ -96,6 +96,21 @@ fn a_home_that_forgets_a_passed_delegation_is_caught() {
 }
 
 #[test]
+fn a_wait_credit_past_the_homes_end_is_caught() {
+    // A successor granted ahead is credited again at each resend of its request, and its
+    // predecessor told the larger lease to pass on; the home that keeps the first end frees the
+    // key while the successor's clients hold it.
+    caught("stale-credit-end", &[LockKind::Overlap]);
+}
+
+#[test]
+fn a_wait_credit_not_shrunk_by_the_rate_bound_is_caught() {
+    // The home's clock may run fast: the wait it measured, credited whole, may be more real time
+    // than passed, and the holder's deadline outlives the home's end (by under a millisecond).
+    caught("unshrunk-credit", &[LockKind::Overlap]);
+}
+
+#[test]
 fn key_shards_that_send_under_an_epoch_not_yet_durable_are_caught() {
     // A key shard takes a new epoch's view at once; without `Outbox::hold` its messages for
     // other nodes leave before the epoch's write is durable, so a crash could take the node
