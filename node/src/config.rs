@@ -142,8 +142,9 @@ pub struct LocalSettings {
     /// Most connections open at once; further ones are refused. [1024]
     #[serde(default = "LocalSettings::default_max_connections")]
     pub max_connections: usize,
-    /// Most requests of one connection waiting at once (what is answered at once takes no
-    /// slot); a further one that would wait is withdrawn and answered `Unavailable`. [256]
+    /// Most requests of one connection that may wait (locks, checks, operator changes) in
+    /// progress at once; a further one is answered `Unavailable` at once. What is answered at
+    /// once (an unlock, a renewal, a status) takes no slot. [256]
     #[serde(default = "LocalSettings::default_max_in_flight")]
     pub max_in_flight: usize,
     /// Who may connect (`[[local.allow]]`): an entry for the peer's uid wins over one for its

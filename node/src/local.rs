@@ -30,9 +30,9 @@
 //! # Bounds
 //!
 //! At most [`LocalSettings::max_connections`] connections (further ones are refused), at most
-//! [`LocalSettings::max_in_flight`] requests waiting per connection (a further one that would wait
-//! is withdrawn and answered `Unavailable` at once; what is answered at once, such as an unlock,
-//! takes no slot), frames of at most [`MAX_CLIENT_FRAME`] bytes (a larger or malformed
+//! [`LocalSettings::max_in_flight`] requests that may wait ([`Request::may_wait`]) in progress per
+//! connection (a further one is answered `Unavailable` at once, before anything is done; a request
+//! answered at once, such as an unlock, takes no slot), frames of at most [`MAX_CLIENT_FRAME`] bytes (a larger or malformed
 //! frame ends the connection with a [`LocalFrame::Refused`] saying why). A connection's waiting
 //! requests are withdrawn when it closes; its handles live on to their deadlines, as on QUIC.
 
@@ -388,21 +388,32 @@ impl Connection {
         if let Request::Subscribe = request {
             return self.subscribe(id).await;
         }
+        // Only a request that may wait takes a slot, and past the bound it is refused before
+        // anything is done: locks waiting on a key can fill every slot without holding up the
+        // unlock that would end their wait, answered at once.
+        let permit = match request.may_wait() {
+            true => match Arc::clone(&self.in_flight).try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let error = ApiError::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "too many requests waiting on this connection (at most {})",
+                            self.max_in_flight
+                        ),
+                    );
+                    let refusal = LocalFrame::Answer { id, response: Response::Error(error) };
+                    return self.out.send(refusal).await.is_ok();
+                }
+            },
+            false => None,
+        };
         let (shared, role, owner) = (Arc::clone(&self.shared), Arc::clone(&self.role), self.owner);
         let mut answer = Box::pin(async move { crate::api::answer(&shared, owner, &role, request).await });
-        // What is answered at once takes no slot: calls that wait (locks) can fill every slot
-        // without holding up the unlock that would end their wait.
         if let Some(result) = poll_once(&mut answer).await {
+            drop(permit);
             return queue_answer(&self.shared, owner, &self.out, id, result).await;
         }
-        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
-            drop(answer); // withdraws what it waits for, as a `Cancel` does
-            let error = ApiError::new(
-                ErrorKind::Unavailable,
-                format!("too many requests waiting on this connection (at most {})", self.max_in_flight),
-            );
-            return self.out.send(LocalFrame::Answer { id, response: Response::Error(error) }).await.is_ok();
-        };
         let (shared, out) = (Arc::clone(&self.shared), self.out.clone());
         let answered = Arc::new(AtomicBool::new(false));
         let marked = Arc::clone(&answered);

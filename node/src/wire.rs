@@ -269,6 +269,22 @@ impl Request {
     pub fn may_lock(&self) -> bool {
         matches!(self, Request::Lock { .. } | Request::Relock { .. })
     }
+
+    /// Whether the node may take a while to answer: a lock or relock that may wait, a token check
+    /// (the home may ask the key's holder), an operator change. Every other request is answered
+    /// at once, under one part of the node's lock.
+    pub fn may_wait(&self) -> bool {
+        match self {
+            Request::Lock { wait, .. } | Request::Relock { wait, .. } => !wait.is_zero(),
+            Request::Check { .. } | Request::Propose(_) | Request::RecoverUnsafe { .. } => true,
+            Request::Renew { .. }
+            | Request::Unlock { .. }
+            | Request::Status
+            | Request::EpochShow
+            | Request::Subscribe
+            | Request::GiveBack { .. } => false,
+        }
+    }
 }
 
 /// A lock admitted.

@@ -220,8 +220,9 @@ async fn a_dropped_lock_call_is_withdrawn_at_its_node() {
 
 /// Lock calls waiting on a key cannot hold up the unlock that ends their wait when they share the
 /// holder's QUIC connection (a `Client` cloned across a worker pool): more lock calls than the
-/// node lets a connection open streams wait on the key, and the holder's unlock still goes
-/// through at once; then every waiter is admitted in turn.
+/// node lets a connection open streams wait on the key, and a `try_lock` is still answered at
+/// once, the holder's relock (its unlock) goes through, and every waiter is admitted in turn, each
+/// unlock going through while the others wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_locks_leave_room_on_their_connection_for_the_unlock() {
     const WAITERS: usize = keyhome::pki::CLIENT_STREAMS as usize + 8;
@@ -246,7 +247,13 @@ async fn waiting_locks_leave_room_on_their_connection_for_the_unlock() {
         }
     })
     .await;
-    holder.unlock(None).await.expect("the unlock finds a stream while the locks wait");
+    // A lock that does not wait is answered at once, without a slot.
+    let busy = client.try_lock(&key, TTL).await.map(|l| l.forget()).expect_err("the key is held");
+    assert_eq!(busy.kind(), Some(ErrorKind::Timeout), "{busy}");
+    // The holder moves on to another key: the relock's unlock goes out at once, without a slot;
+    // its lock then waits for a slot like any other (behind the lock calls queued before it).
+    let other = key_homed_on("crowded-other", &[1, 2, 3], 3);
+    let moved = tokio::spawn(async move { holder.relock(None, &other, TTL, PATIENCE).await });
     let mut admitted = 0;
     while let Some(done) = waiters.join_next().await {
         let handle = done.expect("task").expect("each waiter is admitted in turn");
@@ -254,6 +261,8 @@ async fn waiting_locks_leave_room_on_their_connection_for_the_unlock() {
         admitted += 1;
     }
     assert_eq!(admitted, WAITERS);
+    let moved = moved.await.expect("task").expect("the relock's lock of the other key");
+    moved.unlock(None).await.expect("unlock the other key");
 }
 
 /// The Rust client gives back a lock its caller stopped waiting for, when the answer crosses the

@@ -777,9 +777,9 @@ fn fake_node_of_a_stranger() {
 
 /// A process of another uid that takes the socket path (here a link in a directory anyone may
 /// write to, to a socket in its own directory; also the moment a restarting node has removed its
-/// socket), or that binds in a directory it made where anyone may make one, is not taken for the
-/// node: the client refuses it before reading its hello, where it could have made up tokens and
-/// deadlines.
+/// socket), or that binds in directories it made where anyone may make one, or is reached through
+/// a link where anyone may make one, is not taken for the node: the client refuses it before
+/// reading its hello, where it could have made up tokens and deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     use std::os::unix::fs::PermissionsExt;
@@ -793,9 +793,13 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     // The stranger binds in a directory of its own and links the node's socket name to it: the
     // directory judged is the one holding the name, not the link's target.
     let own = dir.path().join("stranger");
-    std::fs::create_dir(&own).expect("the stranger's directory");
-    std::os::unix::fs::chown(&own, Some(STRANGER), Some(STRANGER)).expect("chown");
-    let target = own.join("node.sock");
+    let inner = own.join("inner");
+    for d in [&own, &inner] {
+        std::fs::create_dir(d).expect("the stranger's directories");
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::os::unix::fs::chown(d, Some(STRANGER), Some(STRANGER)).expect("chown");
+    }
+    let target = inner.join("node.sock");
     let socket = dir.path().join("node.sock");
     std::os::unix::fs::symlink(&target, &socket).expect("a link at the node's socket name");
     let mut fake = std::process::Command::new(setpriv)
@@ -813,9 +817,19 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let result = Client::connect_local(&socket).await;
-    // Nor is it through its own directory's name: it owns that directory, but anyone could have
-    // made one in the shared directory, and own it.
+    // Nor is it through its own directories' names: it owns them, but anyone could have made the
+    // first in the shared directory, and own it.
     let direct = Client::connect_local(&target).await;
+    // Nor through a link, in the shared directory, to a directory root made and gave it: the
+    // link's directory counts too.
+    let given = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(given.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let its = given.path().join("its");
+    std::fs::create_dir(&its).expect("a directory for the stranger");
+    std::os::unix::fs::chown(&its, Some(STRANGER), Some(STRANGER)).expect("chown");
+    std::fs::hard_link(&target, its.join("node.sock")).expect("the stranger's socket, named there too");
+    std::os::unix::fs::symlink(&its, dir.path().join("link")).expect("a link to it");
+    let linked = Client::connect_local(&dir.path().join("link").join("node.sock")).await;
     // A profile may name the uid its node runs as: then that uid, and only it, is the node.
     let profile = |node_uid| keyhome::config::ClientProfile {
         node: 1,
@@ -833,7 +847,9 @@ async fn a_socket_bound_by_a_stranger_is_not_taken_for_the_node() {
     assert!(named.as_ref().is_ok_and(|c| c.local_identity().is_some()), "{:?}", named.err());
     let err = other.err().expect("a node of another uid than the profile names");
     assert!(err.to_string().contains(&format!("runs as uid {STRANGER}, not uid {}", STRANGER + 1)), "{err}");
-    for (result, name) in [(result, "the link"), (direct, "its own directory")] {
+    for (result, name) in
+        [(result, "the link"), (direct, "its own directories"), (linked, "a link to a directory given to it")]
+    {
         let err = result
             .err()
             .unwrap_or_else(|| panic!("the stranger's socket was taken for the node through {name}"));

@@ -76,21 +76,27 @@ fn trusted(stream: &UnixStream, path: &Path, node_uid: Option<u32>) -> Result<()
     }
     Err(format!(
         "the process on it runs as uid {server}: neither root, this process's uid ({own}) nor the \
-         owner of {} (an owner counts only where its parent is writable by root or that owner \
-         alone); it is not taken for a keyhome node (a node of another user: name its uid as the \
+         owner of {} (an owner counts only where every directory on its path is writable by \
+         root or that owner alone); it is not taken for a keyhome node (a node of another user: name its uid as the \
          profile's node_uid)",
         dir.display()
     ))
 }
 
-/// Whether only root or `owner` could have made `dir`: its parent belongs to one of them and no
-/// group or other may write to it. A sticky bit does not count: in a directory such as `/tmp`
-/// anyone may make a directory, and then owns it.
+/// Whether only root or `owner` could have made `dir` (the directory that holds the socket's name)
+/// or put it where it is: every directory on its path as named (and a symbolic link met on it),
+/// and every directory on the path it resolves to, belongs to root or `owner`, and no group or
+/// other may write to it. A sticky bit does not count: in a directory such as `/tmp` anyone may
+/// make a directory, and then owns it.
 fn made_by_its_owner(dir: &Path, owner: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let Ok(dir) = std::fs::canonicalize(dir) else { return false };
-    let Some(parent) = dir.parent() else { return true }; // `/` itself
-    std::fs::metadata(parent).is_ok_and(|m| (m.uid() == 0 || m.uid() == owner) && m.mode() & 0o022 == 0)
+    let safe = |m: std::fs::Metadata| {
+        (m.uid() == 0 || m.uid() == owner) && (m.file_type().is_symlink() || m.mode() & 0o022 == 0)
+    };
+    let Ok(named) = std::path::absolute(dir) else { return false };
+    let Ok(real) = std::fs::canonicalize(&named) else { return false };
+    named.ancestors().all(|p| std::fs::symlink_metadata(p).is_ok_and(safe))
+        && real.ancestors().all(|p| std::fs::metadata(p).is_ok_and(safe))
 }
 
 impl LocalConn {

@@ -1,7 +1,7 @@
 //! The client's QUIC transport: one request per bidirectional stream, answered by one frame.
 //!
 //! A lock call ([`Request::may_lock`]) keeps its half of the stream open while it waits (at most
-//! [`LOCK_STREAMS`] of them at once per connection). A
+//! [`LOCK_STREAMS`] that may wait at once per connection, see [`call`]). A
 //! caller that stops waiting (its future dropped, or the client's timeout) resets that half with
 //! [`RESET_WITHDRAW`], which withdraws the lock at the node (any call given up resets it), and
 //! the answer is read on in the background: a `Locked` answer the node sent before the reset reached it names a handle nobody
@@ -48,17 +48,55 @@ impl Conn {
 /// is read resets its half of the stream (the node withdraws what it was doing for it, or drops a
 /// request that had not arrived whole); a lock call's answer is then read on in the background
 /// for `give_back_within`, and given back if it comes.
+///
+/// A lock call that may wait takes one of [`LOCK_STREAMS`] slots first, waiting for one. A relock
+/// does not wait for a slot, since its unlock may be what the other lock calls wait for: with none
+/// free it is sent as its unlock, then its lock (a lock the node then refuses as invalid finds the
+/// old handle unlocked already).
 pub(super) async fn call(
     conn: &Conn,
     request: Request,
     give_back_within: Duration,
 ) -> Result<Response, ClientError> {
-    let may_lock = request.may_lock();
     // The semaphore is never closed.
-    let slot = match may_lock {
-        true => Arc::clone(&conn.lock_slots).acquire_owned().await.ok(),
-        false => None,
+    let slot = match &request {
+        Request::Lock { .. } if request.may_wait() => Arc::clone(&conn.lock_slots).acquire_owned().await.ok(),
+        Request::Relock { .. } if request.may_wait() => {
+            match Arc::clone(&conn.lock_slots).try_acquire_owned() {
+                Ok(slot) => Some(slot),
+                Err(_) => return relock_in_two(conn, request, give_back_within).await,
+            }
+        }
+        _ => None,
     };
+    exchange(conn, request, slot, give_back_within).await
+}
+
+/// [`call`]'s relock when no lock slot is free: its unlock alone, then its lock.
+async fn relock_in_two(
+    conn: &Conn,
+    request: Request,
+    give_back_within: Duration,
+) -> Result<Response, ClientError> {
+    let Request::Relock { handle, note, key, ttl, wait } = request else {
+        return Err(ClientError::Unexpected);
+    };
+    match exchange(conn, Request::Unlock { handle, note }, None, give_back_within).await? {
+        Response::Unlocked => {}
+        refused => return Ok(refused),
+    }
+    let slot = Arc::clone(&conn.lock_slots).acquire_owned().await.ok();
+    exchange(conn, Request::Lock { key, ttl, wait }, slot, give_back_within).await
+}
+
+/// Sends `request` on a new stream, holding `slot` (a lock call's) until its answer is read.
+async fn exchange(
+    conn: &Conn,
+    request: Request,
+    slot: Option<OwnedSemaphorePermit>,
+    give_back_within: Duration,
+) -> Result<Response, ClientError> {
+    let may_lock = request.may_lock();
     let (send, recv) = conn.conn.open_bi().await?;
     let mut call = Call {
         conn: conn.clone(),
