@@ -127,6 +127,10 @@ pub enum ProposeError {
     Overtaken(u32),
     #[error("this node left the cluster before its change was decided")]
     Removed,
+    /// Not the core's: its driver stopped (a failed durable write, a shutdown) before the change
+    /// was decided.
+    #[error("this node stopped before its change was decided; check the current epoch")]
+    Stopped,
     #[error("this node is not among the members it would recover to; recover on one of them")]
     NotRecovered,
     #[error(

@@ -317,10 +317,11 @@ pub(crate) async fn answer(
             match rx.await {
                 Ok(Some(Ok(answer))) => Ok(Response::Checked { answer }),
                 Ok(Some(Err(refusal))) => Err(lock_error(LockError::Refused(refusal))),
-                _ => Err(ApiError::new(
+                Ok(None) => Err(ApiError::new(
                     ErrorKind::Unavailable,
                     "the key's home or holder did not answer in time",
                 )),
+                Err(_) => Err(lock_error(LockError::Closed)),
             }
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),
@@ -340,7 +341,11 @@ pub(crate) async fn answer(
             match tokio::time::timeout(PROPOSE_TIMEOUT, rx).await {
                 Ok(Ok(Ok(epoch))) => Ok(Response::Proposed { epoch }),
                 Ok(Ok(Err(e))) => Err(ApiError::new(ErrorKind::Epoch, e.to_string())),
-                _ => {
+                Ok(Err(_)) => Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "the node stopped before the change was decided; check `keyhome epoch show`",
+                )),
+                Err(_) => {
                     Err(ApiError::new(ErrorKind::Unavailable, "no decision yet; check `keyhome epoch show`"))
                 }
             }

@@ -65,7 +65,7 @@ impl Node {
     pub async fn propose(&self, change: Change) -> Result<u64, ProposeError> {
         let (tx, rx) = oneshot::channel();
         self.shared.propose_call(change, tx)?;
-        rx.await.unwrap_or(Err(ProposeError::Removed))
+        rx.await.unwrap_or(Err(ProposeError::Stopped))
     }
 
     /// The key shard `key` belongs to on this node (0 to the shard count, exclusive): keys of
@@ -174,8 +174,8 @@ mod tests {
     const PATIENCE: Duration = Duration::from_secs(60);
 
     /// A node that stops by itself (here the persistence thread's path when a durable write
-    /// fails) tells the lock call waiting on it, and every later one, that it closed: none waits
-    /// on a node that decides nothing more.
+    /// fails) tells the lock call waiting on it, and every later one, that it closed, and a later
+    /// operator change that it failed: none waits on a node that decides nothing more.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn callers_of_a_node_that_stopped_itself_are_told_it_closed() {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -199,6 +199,9 @@ mod tests {
         assert!(matches!(waited, Err(LockError::Closed)), "{:?}", waited.err());
         let later = tokio::time::timeout(PATIENCE, node.lock(b"embedded/other", TTL, PATIENCE)).await;
         assert!(matches!(later, Ok(Err(LockError::Closed))), "a later lock: {:?}", later.map(|r| r.err()));
+        let change = Change::SetTiming(keyhome_epoch::Timing { clock_rate_ppm: 20_000, ..timing });
+        let proposed = tokio::time::timeout(PATIENCE, node.propose(change)).await;
+        assert!(matches!(proposed, Ok(Err(ProposeError::Stopped))), "a later change: {proposed:?}");
         assert!(node.failure().is_some_and(|f| f.contains("injected")));
         drop(held);
     }
