@@ -220,28 +220,19 @@ impl Sink for Carrier<'_> {
 
     fn lock_pending(&mut self, ticket: Ticket) {
         if let Some(Caller::Lock(reply)) = self.caller.take() {
-            let mut replies = lock(&self.shared.replies);
-            if !replies.stopped {
-                replies.locks.wait(ticket, reply);
-            }
+            self.keep(|replies| replies.locks.wait(ticket, reply));
         }
     }
 
     fn check_pending(&mut self, id: u64) {
         if let Some(Caller::Check(reply)) = self.caller.take() {
-            let mut replies = lock(&self.shared.replies);
-            if !replies.stopped {
-                replies.checks.insert(id, reply);
-            }
+            self.keep(|replies| drop(replies.checks.insert(id, reply)));
         }
     }
 
     fn proposal_pending(&mut self) {
         if let Some(Caller::Proposal(reply)) = self.caller.take() {
-            let mut replies = lock(&self.shared.replies);
-            if !replies.stopped {
-                replies.proposal = Some(reply);
-            }
+            self.keep(|replies| replies.proposal = Some(reply));
         }
     }
 
@@ -256,6 +247,15 @@ impl Sink for Carrier<'_> {
 impl<'a> Carrier<'a> {
     fn new(shared: &'a Arc<Shared>, now: Instant) -> Carrier<'a> {
         Carrier { shared, now, caller: None, later: None, wake: false, failed: false }
+    }
+
+    /// Keeps a pending call's caller with `put`, unless the node has stopped: then the caller is
+    /// dropped, and sees its node closed (see [`Shared::stop`]).
+    fn keep(&self, put: impl FnOnce(&mut Replies)) {
+        let mut replies = lock(&self.shared.replies);
+        if !replies.stopped {
+            put(&mut replies);
+        }
     }
 
     /// What waits until the call is over: giving back handles nobody claimed, failing the core,

@@ -39,7 +39,9 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
                 shards number their handles alike), forget-passes (a home forgets the successor a
                 holder passed the key to), no-outbox-hold (key shards send messages under an
-                epoch not yet durable), incarnation,
+                epoch not yet durable), unshrunk-credit (a grant's credit for the wait in line
+                not shrunk by the rate bound), stale-credit-end (a successor credited again keeps
+                its first end), incarnation,
                 delegation-bound (an earlier epoch's lease lets a home grant the current
                 epoch's longer delegations); or one
                 epoch-change rule, caught only with --calm: no-handover (homes adopt no
