@@ -28,14 +28,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use keyhome_delegation::{Ending, Handle, HandleId, LockError};
-use keyhome_epoch::Instant;
 use keyhome_epoch::time::rate_shrink;
+use keyhome_epoch::{Instant, ProposeError};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::admission::{Budget, Incident};
 use crate::clock::BootClock;
 use crate::core::{ClaimError, ClientOwner, Notice, Owner};
 use crate::pki::Role;
+use crate::proposal::ProposalError;
 use crate::runtime::{Shared, lock};
 use crate::wire::{
     self, ApiError, ClientEvent, ErrorKind, EventKind, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request,
@@ -326,25 +327,25 @@ pub(crate) async fn answer(
         }
         Request::Status => Ok(Response::Status(Box::new(shared.status()))),
         Request::EpochShow => Ok(Response::Epoch(Box::new(shared.core.current()))),
-        Request::Propose(change) => {
+        Request::Propose(proposal) => {
             if *role != Role::Operator {
                 return Err(ApiError::new(
                     ErrorKind::Forbidden,
                     "changing the membership needs an operator certificate",
                 ));
             }
-            if let keyhome_epoch::Change::Add(m) | keyhome_epoch::Change::Replace { new: m, .. } = &change {
+            if let keyhome_epoch::Change::Add(m) | keyhome_epoch::Change::Replace { new: m, .. } =
+                &proposal.change
+            {
                 crate::addr::check(&m.addr).map_err(|e| ApiError::new(ErrorKind::Invalid, e))?;
             }
-            let (tx, rx) = oneshot::channel();
-            shared.propose_call(change, tx).map_err(|e| ApiError::new(ErrorKind::Epoch, e.to_string()))?;
-            match tokio::time::timeout(PROPOSE_TIMEOUT, rx).await {
-                Ok(Ok(Ok(epoch))) => Ok(Response::Proposed { epoch }),
-                Ok(Ok(Err(e))) => Err(ApiError::new(ErrorKind::Epoch, e.to_string())),
-                Ok(Err(_)) => Err(ApiError::new(
+            match tokio::time::timeout(PROPOSE_TIMEOUT, crate::proposal::propose(shared, proposal)).await {
+                Ok(Ok(epoch)) => Ok(Response::Proposed { epoch }),
+                Ok(Err(ProposalError::Epoch(ProposeError::Stopped))) => Err(ApiError::new(
                     ErrorKind::Unavailable,
                     "the node stopped before the change was decided; check `keyhome epoch show`",
                 )),
+                Ok(Err(e)) => Err(ApiError::new(ErrorKind::Epoch, e.to_string())),
                 Err(_) => {
                     Err(ApiError::new(ErrorKind::Unavailable, "no decision yet; check `keyhome epoch show`"))
                 }

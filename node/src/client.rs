@@ -47,7 +47,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{CheckAnswer, FencingToken};
-use keyhome_epoch::{Change, EpochRecord, Instant, NodeId};
+use keyhome_epoch::{EpochRecord, Instant, NodeId};
 use rustls::pki_types::CertificateDer;
 
 use crate::clock::BootClock;
@@ -56,8 +56,8 @@ use crate::duration::Human;
 use crate::pki::{self, Identity, PkiError, Role};
 use crate::status::Status;
 use crate::wire::{
-    self, ApiError, ClientEvent, ErrorKind, LocalHello, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Request,
-    Response,
+    self, ApiError, ClientEvent, ErrorKind, LocalHello, Locked, MAX_CLIENT_FRAME, PROPOSE_TIMEOUT, Proposal,
+    Request, Response,
 };
 
 /// How long a call waits for its answer unless [`Client::with_timeout`] says otherwise (a lock
@@ -370,8 +370,11 @@ impl Client {
     }
 
     /// Proposes a membership change (operator certificate); returns the epoch that includes it.
-    pub async fn propose(&self, change: Change) -> Result<u64, ClientError> {
-        match self.call(Request::Propose(change), PROPOSE_TIMEOUT.saturating_add(self.timeout)).await? {
+    /// The node checks a plain [`keyhome_epoch::Change`] first and refuses one that names a new member that
+    /// does not answer, or that leaves no majority it reaches; [`Proposal::forced`] skips that.
+    pub async fn propose(&self, proposal: impl Into<Proposal>) -> Result<u64, ClientError> {
+        let request = Request::Propose(proposal.into());
+        match self.call(request, PROPOSE_TIMEOUT.saturating_add(self.timeout)).await? {
             Response::Proposed { epoch } => Ok(epoch),
             _ => Err(ClientError::Unexpected),
         }

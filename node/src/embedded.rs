@@ -8,12 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyhome_delegation::{CheckAnswer, Ending, FencingToken, LockError};
-use keyhome_epoch::{Change, ProposeError};
 use tokio::sync::oneshot;
 
 use crate::core::Owner;
+use crate::proposal::ProposalError;
 use crate::runtime::{Node, Shared};
 use crate::status::Status;
+use crate::wire::Proposal;
 
 /// Why a token check failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,11 +62,11 @@ impl Node {
         }
     }
 
-    /// Proposes a membership change through this node; resolves with the epoch that includes it.
-    pub async fn propose(&self, change: Change) -> Result<u64, ProposeError> {
-        let (tx, rx) = oneshot::channel();
-        self.shared.propose_call(change, tx)?;
-        rx.await.unwrap_or(Err(ProposeError::Stopped))
+    /// Proposes a membership change through this node, checked first unless forced (see
+    /// [`crate::proposal`]: a plain [`keyhome_epoch::Change`] is checked); resolves with the epoch that includes
+    /// it.
+    pub async fn propose(&self, proposal: impl Into<Proposal>) -> Result<u64, ProposalError> {
+        crate::proposal::propose(&self.shared, proposal.into()).await
     }
 
     /// The key shard `key` belongs to on this node (0 to the shard count, exclusive): keys of
@@ -169,6 +170,7 @@ impl Drop for LockGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keyhome_epoch::{Change, ProposeError};
 
     const TTL: Duration = Duration::from_secs(60);
     const PATIENCE: Duration = Duration::from_secs(60);
@@ -201,7 +203,10 @@ mod tests {
         assert!(matches!(later, Ok(Err(LockError::Closed))), "a later lock: {:?}", later.map(|r| r.err()));
         let change = Change::SetTiming(keyhome_epoch::Timing { clock_rate_ppm: 20_000, ..timing });
         let proposed = tokio::time::timeout(PATIENCE, node.propose(change)).await;
-        assert!(matches!(proposed, Ok(Err(ProposeError::Stopped))), "a later change: {proposed:?}");
+        assert!(
+            matches!(proposed, Ok(Err(ProposalError::Epoch(ProposeError::Stopped)))),
+            "a later change: {proposed:?}"
+        );
         assert!(node.failure().is_some_and(|f| f.contains("injected")));
         drop(held);
     }

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod page;
 pub mod peers;
 pub mod pki;
+pub mod proposal;
 pub mod ratelog;
 pub mod readfile;
 pub mod runtime;

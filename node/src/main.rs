@@ -9,6 +9,7 @@ use keyhome::client::Client;
 use keyhome::config::{ClientProfile, ConfigError, LockSettings, NodeConfig};
 use keyhome::duration::{self, Human};
 use keyhome::pki::Role;
+use keyhome::wire::Proposal;
 use keyhome::{Node, setup};
 use keyhome_delegation::{CheckAnswer, FencingToken};
 use keyhome_epoch::{Change, Member, NodeId, Timing};
@@ -406,19 +407,9 @@ async fn run(command: Command) -> Result<ExitCode> {
                 _ => return Err("give one of --add, --remove, --replace".into()),
             };
             let client = connect(&args.profile.profile).await?;
-            if !args.force {
-                let probed = match &change {
-                    // A member moved to a new address is started there once the epoch says so.
-                    Change::Replace { old, new } if *old == new.id => None,
-                    Change::Add(member) | Change::Replace { new: member, .. } => Some(member),
-                    Change::Remove(_) | Change::SetTiming(_) => None,
-                };
-                if let Some(member) = probed {
-                    check_answers(&args.profile.profile, member).await?;
-                }
-                check_majority(&client, &change, probed.map(|m| m.id)).await?;
-            }
-            let epoch = client.propose(change).await?;
+            // The node checks the change (a new member answers, a reachable majority stays)
+            // unless forced: every API gets the same checks.
+            let epoch = client.propose(Proposal { change, force: args.force }).await?;
             println!("the change is part of epoch {epoch}");
             Ok(ExitCode::SUCCESS)
         }
@@ -487,60 +478,6 @@ fn load_profile(path: &Path) -> Result<ClientProfile> {
 pub async fn connect(path: &Path) -> Result<Client> {
     let profile = load_profile(path)?;
     Client::connect(&profile).await.map_err(|e| format!("{e} (profile {})", path.display()).into())
-}
-
-/// How long a new member may take to answer [`check_answers`].
-const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Checks, before it is proposed, that `member` runs and answers at its address with its own
-/// certificate (the handshake proves its id), so that a typo cannot add a member nobody reaches.
-/// Refuses `change` if the epoch it makes would not have a majority of members this node reaches
-/// (itself, its connected peers, and `answered`, a new member that answered the probe): that
-/// epoch could then neither serve its keys nor agree on another change, and only its missing
-/// members coming back, or an unsafe recovery, would end it (removing the live node where the
-/// dead one was meant, say).
-async fn check_majority(client: &Client, change: &Change, answered: Option<NodeId>) -> Result<()> {
-    let (status, current) = (client.status().await?, client.epoch().await?);
-    // A change the epoch refuses is the node's to explain.
-    let Ok(next) = change.apply(&current) else { return Ok(()) };
-    let reached =
-        |id: NodeId| Some(id) == answered || status.members.iter().any(|m| m.id == id.0 && m.connected);
-    let (reachable, unreachable): (Vec<NodeId>, Vec<NodeId>) = next.member_ids().partition(|&id| reached(id));
-    if reachable.len() >= next.majority() {
-        return Ok(());
-    }
-    let list = |ids: &[NodeId]| ids.iter().map(|id| id.to_string()).collect::<Vec<_>>().join(", ");
-    Err(format!(
-        "after this change, epoch {} would need {} of its members {} to answer, but node {} reaches only \
-         {} of them (unreachable: {}); it could then neither serve its keys nor change again. Bring \
-         those members back first, check that this is the change you meant, or give --force",
-        next.number,
-        next.majority(),
-        list(&next.member_ids().collect::<Vec<_>>()),
-        status.id,
-        reachable.len(),
-        list(&unreachable),
-    )
-    .into())
-}
-
-async fn check_answers(profile: &Path, member: &Member) -> Result<()> {
-    let profile = load_profile(profile)?;
-    let identity = keyhome::pki::Identity::load(&profile.cert, &profile.key)?;
-    let ca = keyhome::pki::load_ca(&profile.ca)?;
-    let not_answering = |why: String| {
-        format!(
-            "node {} does not answer at {}: {why}. Start it first (keyhome run --config …), check the \
-             address, or give --force to propose it anyway",
-            member.id, member.addr
-        )
-    };
-    let resolved = keyhome::addr::resolve(&member.addr).await.map_err(not_answering)?;
-    Client::probe(member.id, &resolved, &identity, &ca, PROBE_TIMEOUT).await.map_err(|e| match e {
-        keyhome::client::ClientError::Connect { reason, .. } => not_answering(reason),
-        e => not_answering(e.to_string()),
-    })?;
-    Ok(())
 }
 
 fn issue(args: IssueArgs) -> Result<ExitCode> {

@@ -730,6 +730,23 @@ impl Shared {
         lock(&self.links).values().all(|l| l.tx.capacity() == l.tx.max_capacity())
     }
 
+    /// Checks that node `peer` answers at `addr` within `timeout`, as a peer link would reach it:
+    /// the handshake completes and the certificate presented proves `peer`'s id. Fails with the
+    /// reason, for a message.
+    pub async fn probe(self: &Arc<Self>, peer: NodeId, addr: &str, timeout: Duration) -> Result<(), String> {
+        match tokio::time::timeout(timeout, dial(self, peer, addr)).await {
+            Ok(Ok(conn)) => {
+                conn.close(0u32.into(), b"probe done");
+                Ok(())
+            }
+            Ok(Err(e)) if e.to_string().contains("not valid for name") => {
+                Err(format!("something answers there, but its certificate is not node {peer}'s ({e})"))
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {}", crate::duration::Human(timeout))),
+        }
+    }
+
     /// Whether this node has an open connection to `peer`.
     pub fn connected(&self, peer: NodeId) -> bool {
         lock(&self.links).get(&peer).is_some_and(|l| l.state.up())
@@ -1191,17 +1208,22 @@ async fn connect(
     peer: NodeId,
     addr: &str,
 ) -> Result<(quinn::Connection, quinn::SendStream), ConnectError> {
+    let conn = dial(shared, peer, addr).await?;
+    let mut send = conn.open_uni().await?;
+    wire::write_frame(&mut send, &shared.hello(), MAX_PEER_FRAME).await?;
+    Ok((conn, send))
+}
+
+/// A peer connection to node `peer` at `addr`, its handshake done: the certificate `peer`
+/// presented proves its id.
+async fn dial(shared: &Arc<Shared>, peer: NodeId, addr: &str) -> Result<quinn::Connection, ConnectError> {
     // Resolved again on every (re)connection: a name may point somewhere new.
     let resolved = crate::addr::resolve(addr).await.map_err(ConnectError::Resolve)?;
     let local = shared.endpoint.local_addr().map_err(|e| ConnectError::Resolve(e.to_string()))?;
     let sock = crate::addr::reachable_from(&resolved, local).ok_or_else(|| {
         ConnectError::Resolve(format!("{addr:?} resolves to no address this node's {local} socket can reach"))
     })?;
-    let conn =
-        shared.endpoint.connect_with(shared.peer_client.clone(), sock, &pki::server_name(peer))?.await?;
-    let mut send = conn.open_uni().await?;
-    wire::write_frame(&mut send, &shared.hello(), MAX_PEER_FRAME).await?;
-    Ok((conn, send))
+    Ok(shared.endpoint.connect_with(shared.peer_client.clone(), sock, &pki::server_name(peer))?.await?)
 }
 
 /// Jittered exponential backoff.

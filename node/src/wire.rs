@@ -223,8 +223,8 @@ pub enum Request {
     Status,
     /// The node's current epoch.
     EpochShow,
-    /// Operator only: change the membership.
-    Propose(Change),
+    /// Operator only: change the membership (see [`Proposal`]).
+    Propose(Proposal),
     /// Operator only, **unsafe**: install an epoch naming `members` without agreement, numbered
     /// `skip` past the current one, for a cluster that lost its majority for good. `stopped` must
     /// list exactly the current members left out, confirming the operator stopped them for good.
@@ -284,6 +284,30 @@ impl Request {
             | Request::Subscribe
             | Request::GiveBack { .. } => false,
         }
+    }
+}
+
+/// A membership change an operator asks for. The node checks it first unless `force` is set:
+/// a new member must answer at its address with its own certificate, and the epoch the change
+/// makes must keep a majority of members the node reaches (see [`crate::proposal`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub change: Change,
+    /// Skip the node's checks (not the epoch's own rules, which hold whatever is asked).
+    pub force: bool,
+}
+
+impl Proposal {
+    /// `change`, proposed without the node's checks.
+    pub fn forced(change: Change) -> Proposal {
+        Proposal { change, force: true }
+    }
+}
+
+/// A change proposed with the node's checks.
+impl From<Change> for Proposal {
+    fn from(change: Change) -> Proposal {
+        Proposal { change, force: false }
     }
 }
 

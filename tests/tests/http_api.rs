@@ -317,6 +317,44 @@ async fn bad_input_gets_a_clear_4xx_and_the_node_keeps_serving() {
     assert_eq!(refused.status, 401, "{refused:?}");
 }
 
+/// A membership change over HTTP gets the checks the CLI's gets, since the node makes them:
+/// adding a node nothing answers for is refused, and `"force": true` skips that check (the node
+/// then joins the epoch on paper); with node 3 dead, removing node 2 (epoch {1, 3, 6}, one member
+/// reachable) is refused naming the unreachable ones. A body naming two changes is refused before
+/// anything is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_changes_over_http_are_checked_as_the_clis_are() {
+    let mut cluster = Cluster::start(Options::default());
+    cluster.wait_ready(&cluster.ids(), 1).await;
+    wait_http_ready(&cluster).await;
+    let op = cluster.http_token(&Role::Operator);
+    let url = cluster.http_url(1);
+    let propose = |body: Value| post(&op, &format!("{url}/v1/epoch/propose"), &body);
+    let message = |reply: &Reply| reply.body["error"]["message"].as_str().unwrap_or_default().to_string();
+
+    let free = std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free port");
+    let nobody = json!({"id": 6, "addr": free.to_string()});
+    let absent = propose(json!({"add": nobody}));
+    assert_eq!((absent.status, absent.kind()), (409, "Epoch"), "{absent:?}");
+    assert!(message(&absent).contains("node 6 does not answer at"), "{absent:?}");
+    let two = propose(json!({"remove": {"id": 3}, "add": nobody}));
+    assert_eq!((two.status, two.kind()), (400, "Invalid"), "{two:?}");
+    assert_eq!(cluster.status(1).await.epoch, 1, "nothing was proposed");
+    let forced = propose(json!({"add": nobody, "force": true}));
+    assert_eq!((forced.status, &forced.body), (200, &json!({"epoch": 2})), "{forced:?}");
+
+    cluster.kill(3);
+    cluster.wait_status(1, "node 3 seen down", |s| s.members.iter().any(|m| m.id == 3 && !m.connected)).await;
+    let stuck = propose(json!({"remove": {"id": 2}}));
+    assert_eq!((stuck.status, stuck.kind()), (409, "Epoch"), "{stuck:?}");
+    let text = message(&stuck);
+    assert!(
+        text.contains("would need 2 of its members 1, 3, 6") && text.contains("unreachable: 3, 6"),
+        "{stuck:?}"
+    );
+    assert_eq!(cluster.status(1).await.epoch, 2, "nothing more was proposed");
+}
+
 /// Every `.route("PATH", ...)` in the source files of the HTTP server (node/src/http/).
 fn routes_in_source() -> Vec<String> {
     let mut routes = Vec::new();

@@ -35,6 +35,7 @@ use super::tokens::Tokens;
 use crate::core::ClientOwner;
 use crate::pki::Role;
 use crate::runtime::{Shared, lock};
+use crate::wire::Proposal;
 use crate::wire::{ClientEvent, EventKind, Locked, Request, Response};
 
 /// Keep-alive comments on an idle event stream, so proxies and clients see it alive.
@@ -184,15 +185,60 @@ enum TokenIn {
     Parts(FencingToken),
 }
 
-/// A membership change: `{"add": {"id", "addr"}}`, `{"remove": {"id"}}`,
-/// `{"replace": {"old", "id", "addr"}}` or `{"set_timing": {...}}`.
+/// A membership change: exactly one of `{"add": {"id", "addr"}}`, `{"remove": {"id"}}`,
+/// `{"replace": {"old", "id", "addr"}}` or `{"set_timing": {...}}`, and `"force": true` to skip
+/// the node's checks (see [`crate::proposal`]).
 #[derive(Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-enum ChangeBody {
-    Add(MemberBody),
-    Remove { id: u64 },
-    Replace { old: u64, id: u64, addr: String },
-    SetTiming { home_lease_ms: u64, max_delegation_lease_ms: u64, clock_rate_ppm: u32 },
+#[serde(deny_unknown_fields)]
+struct ProposeBody {
+    add: Option<MemberBody>,
+    remove: Option<RemoveBody>,
+    replace: Option<ReplaceBody>,
+    set_timing: Option<TimingBody>,
+    #[serde(default)]
+    force: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveBody {
+    id: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplaceBody {
+    old: u64,
+    id: u64,
+    addr: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TimingBody {
+    home_lease_ms: u64,
+    max_delegation_lease_ms: u64,
+    clock_rate_ppm: u32,
+}
+
+impl ProposeBody {
+    /// The one change the body names.
+    fn change(self) -> Result<Change, &'static str> {
+        let change = match (self.add, self.remove, self.replace, self.set_timing) {
+            (Some(m), None, None, None) => Change::Add(m.into()),
+            (None, Some(RemoveBody { id }), None, None) => Change::Remove(NodeId(id)),
+            (None, None, Some(ReplaceBody { old, id, addr }), None) => {
+                Change::Replace { old: NodeId(old), new: Member { id: NodeId(id), addr } }
+            }
+            (None, None, None, Some(t)) => Change::SetTiming(Timing {
+                home_lease: ms(t.home_lease_ms),
+                max_delegation_lease: ms(t.max_delegation_lease_ms),
+                clock_rate_ppm: t.clock_rate_ppm,
+            }),
+            _ => return Err("name exactly one change: \"add\", \"remove\", \"replace\" or \"set_timing\""),
+        };
+        Ok(change)
+    }
 }
 
 #[derive(Deserialize)]
@@ -377,22 +423,10 @@ async fn epoch(State(state): State<St>, caller: Caller) -> Answer {
     call(&state, &caller, Request::EpochShow).await
 }
 
-async fn propose(State(state): State<St>, caller: Caller, Body(b): Body<ChangeBody>) -> Answer {
-    let change = match b {
-        ChangeBody::Add(m) => Change::Add(m.into()),
-        ChangeBody::Remove { id } => Change::Remove(NodeId(id)),
-        ChangeBody::Replace { old, id, addr } => {
-            Change::Replace { old: NodeId(old), new: Member { id: NodeId(id), addr } }
-        }
-        ChangeBody::SetTiming { home_lease_ms, max_delegation_lease_ms, clock_rate_ppm } => {
-            Change::SetTiming(Timing {
-                home_lease: ms(home_lease_ms),
-                max_delegation_lease: ms(max_delegation_lease_ms),
-                clock_rate_ppm,
-            })
-        }
-    };
-    call(&state, &caller, Request::Propose(change)).await
+async fn propose(State(state): State<St>, caller: Caller, Body(b): Body<ProposeBody>) -> Answer {
+    let force = b.force;
+    let change = b.change().map_err(HttpError::invalid)?;
+    call(&state, &caller, Request::Propose(Proposal { change, force })).await
 }
 
 async fn recover(State(state): State<St>, caller: Caller, Body(b): Body<RecoverBody>) -> Answer {

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use arbitrary::Unstructured;
-use keyhome::wire::{PeerFrame, Request};
+use keyhome::wire::{PeerFrame, Proposal, Request};
 use keyhome_delegation::{
     Body as DBody, CheckAnswer, FencingToken, Grantee, Handed, Message as DMessage, Refusal, RequestId,
     Successor,
@@ -402,7 +402,7 @@ impl<'a> Gen<'a> {
             3 => Request::Check { key: self.key(), token: self.token(&[]) },
             4 => Request::Status,
             5 => Request::EpochShow,
-            6 => Request::Propose(self.change()),
+            6 => Request::Propose(Proposal { change: self.change(), force: self.bool() }),
             7 => {
                 let members = self.members();
                 let stopped = (0..self.index(3)).map(|_| self.node()).collect();
