@@ -16,8 +16,9 @@ pub struct Counters {
     pub peer_sent: u64,
     /// Frames received from other nodes.
     pub peer_received: u64,
-    /// Frames dropped: a peer's queue was full or its link was down, or (incoming epoch frames)
-    /// the disk was behind.
+    /// Frames dropped: a peer's queue was full or its link was down, a key shard held more than
+    /// it may while an epoch write was not durable, or (incoming epoch frames) the disk was
+    /// behind.
     pub peer_dropped: u64,
     /// Delegation messages this node sent to itself (holder to own home and back): no network.
     pub local_delivered: u64,

@@ -10,6 +10,14 @@ use super::{Output, PeerMessage};
 use crate::activity::{MessageCounts, delegation_kind, epoch_kind};
 use crate::status::Counters;
 
+/// Most messages one part holds while an epoch write is not durable ([`Outbox::hold`]). A write
+/// takes a disk flush, in which a busy shard makes some hundreds; past this (a disk that stalls
+/// while peers and clients keep asking) further ones are dropped, counted in
+/// [`Counters::peer_dropped`], as the network may drop any: the delegation protocol resends what
+/// it needs, and a token check's answer that never comes times out. Held messages are a few
+/// hundred bytes each (a key is at most `limits.max_key_len`), so a part holds at most some MiB.
+pub(super) const MAX_HELD: usize = 4096;
+
 /// The outputs of one part of the core, in the order it produced them, and what it counted.
 #[derive(Default)]
 pub(super) struct Outbox {
@@ -43,7 +51,11 @@ impl Outbox {
         }
         let output = Output::Transmit { to, message };
         if self.holding {
-            self.held.push(output);
+            if self.held.len() < MAX_HELD {
+                self.held.push(output);
+            } else {
+                self.counters.peer_dropped += 1;
+            }
         } else {
             self.queue.push_back(output);
         }
@@ -97,5 +109,41 @@ impl Outbox {
     #[inline]
     pub fn pop(&mut self) -> Option<Output> {
         self.queue.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use keyhome_epoch::Body;
+
+    use super::*;
+
+    fn catch_up(epoch: u64) -> PeerMessage {
+        PeerMessage::Epoch(EpochMessage { epoch, body: Body::CatchUp })
+    }
+
+    /// A part that holds its messages (its epoch's write not durable yet) keeps at most
+    /// [`MAX_HELD`] of them, in order, counting the rest as dropped; they leave once it stops
+    /// holding, and later ones are not held.
+    #[test]
+    fn held_messages_are_bounded_and_leave_in_order() {
+        let mut out = Outbox::default();
+        out.hold(true);
+        for n in 0..MAX_HELD as u64 + 10 {
+            out.send(NodeId(2), catch_up(n));
+        }
+        assert_eq!(out.counters.peer_dropped, 10);
+        assert!(out.pop().is_none(), "nothing leaves while held");
+        out.hold(false);
+        out.send(NodeId(2), catch_up(u64::MAX));
+        let epochs: Vec<u64> = std::iter::from_fn(|| out.pop())
+            .map(|o| match o {
+                Output::Transmit { message: PeerMessage::Epoch(m), .. } => m.epoch,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let expected: Vec<u64> = (0..MAX_HELD as u64).chain([u64::MAX]).collect();
+        assert_eq!(epochs, expected);
+        assert_eq!(out.counters.peer_sent, MAX_HELD as u64 + 11);
     }
 }
