@@ -212,35 +212,6 @@ impl Client {
         }
     }
 
-    /// Checks that node `node` answers at one of `addrs` (tried in turn) within `timeout` each:
-    /// the QUIC handshake completes and the certificate the node presents proves it holds
-    /// `node`'s id. (Whether the node then serves this certificate on that address does not
-    /// matter.) Fails with the last address's failure.
-    pub async fn probe(
-        node: NodeId,
-        addrs: &[SocketAddr],
-        identity: &Identity,
-        ca: &[CertificateDer<'static>],
-        timeout: Duration,
-    ) -> Result<(), ClientError> {
-        let mut failure = ClientError::Unexpected;
-        for &addr in addrs {
-            match tokio::time::timeout(timeout, handshake(node, addr, identity, ca)).await {
-                Ok(Ok((endpoint, conn))) => {
-                    conn.close(0u32.into(), b"probe done");
-                    endpoint.close(0u32.into(), b"probe done");
-                    return Ok(());
-                }
-                Ok(Err(e)) => failure = e,
-                Err(_) => {
-                    let reason = format!("no answer within {}", Human(timeout));
-                    failure = ClientError::Connect { node: node.0, addr, reason };
-                }
-            }
-        }
-        Err(failure)
-    }
-
     /// This client with calls timing out after `timeout` (a lock call: after its `wait` plus
     /// `timeout`).
     pub fn with_timeout(mut self, timeout: Duration) -> Client {
@@ -448,7 +419,7 @@ async fn handshake(
 fn explain(node: NodeId, addr: SocketAddr, reason: &str) -> String {
     if reason.contains("timed out") {
         format!("{reason}: is a node running at {addr}? (keyhome run --config …, or keyhome dev)")
-    } else if reason.contains("not valid for name") {
+    } else if pki::names_another_node(reason) {
         format!(
             "the node at {addr} is not node {node} (its certificate names another node): check the node id \
              (`node = …` in the profile) against the node at that address ({reason})"

@@ -273,6 +273,12 @@ impl fmt::Display for Role {
     }
 }
 
+/// Whether a failed handshake's reason says the peer's certificate names another node than the
+/// one dialled (rustls: the certificate is not valid for [`server_name`]).
+pub fn names_another_node(reason: &str) -> bool {
+    reason.contains("not valid for name")
+}
+
 /// The TLS server name under which node `id` is dialled (`node-<id>.keyhome`); the node's
 /// certificate carries exactly this SAN, so a successful handshake proves the identity.
 pub fn server_name(id: NodeId) -> String {

@@ -31,14 +31,15 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum ProposalError {
     #[error(
         "node {id} does not answer at {addr}: {reason}. Start it first (keyhome run --config …), check \
-         the address, or force the change (`--force`; over HTTP \"force\": true)"
+         the address, or force the change (`--force`; over HTTP \"force\": true; in Rust \
+         `Proposal::forced`)"
     )]
     NotAnswering { id: NodeId, addr: String, reason: String },
     #[error(
         "after this change, epoch {epoch} would need {needed} of its members {} to answer, but node {node} \
          reaches only {reached} of them (unreachable: {}); it could then neither serve its keys nor change \
          again. Bring those members back first, check that this is the change you meant, or force it \
-         (`--force`; over HTTP \"force\": true)",
+         (`--force`; over HTTP \"force\": true; in Rust `Proposal::forced`)",
         list(.members), list(.unreachable)
     )]
     NoMajority {
@@ -70,8 +71,16 @@ pub(crate) async fn propose(shared: &Arc<Shared>, proposal: Proposal) -> Result<
 }
 
 async fn check(shared: &Arc<Shared>, change: &Change) -> Result<(), ProposalError> {
+    // A change the epoch core refuses (this node not a member, an address a member has, …) is
+    // the core's to explain, when it is proposed: nothing is probed for it.
+    let current = shared.core.current();
+    if !current.is_member(shared.id) {
+        return Ok(());
+    }
+    let Ok(next) = change.apply(&current) else { return Ok(()) };
     let probed = match change {
-        // A member moved to a new address is started there once the epoch says so.
+        // A member moved to a new address is started there once the epoch says so; its link to
+        // the old address says whether it is reached now.
         Change::Replace { old, new } if *old == new.id => None,
         Change::Add(member) | Change::Replace { new: member, .. } => Some(member),
         Change::Remove(_) | Change::SetTiming(_) => None,
@@ -83,8 +92,6 @@ async fn check(shared: &Arc<Shared>, change: &Change) -> Result<(), ProposalErro
             reason,
         })?;
     }
-    // A change the epoch refuses is the epoch core's to explain, when it is proposed.
-    let Ok(next) = change.apply(&shared.core.current()) else { return Ok(()) };
     let reached = |id: NodeId| id == shared.id || Some(id) == probed.map(|m| m.id) || shared.connected(id);
     let (reachable, unreachable): (Vec<NodeId>, Vec<NodeId>) = next.member_ids().partition(|&id| reached(id));
     if reachable.len() >= next.majority() {

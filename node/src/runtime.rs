@@ -739,7 +739,7 @@ impl Shared {
                 conn.close(0u32.into(), b"probe done");
                 Ok(())
             }
-            Ok(Err(e)) if e.to_string().contains("not valid for name") => {
+            Ok(Err(e)) if pki::names_another_node(&e.to_string()) => {
                 Err(format!("something answers there, but its certificate is not node {peer}'s ({e})"))
             }
             Ok(Err(e)) => Err(e.to_string()),

@@ -54,17 +54,38 @@ async fn membership_changes_naming_unreachable_members_are_refused() {
     let (code, stderr) = propose(&["--add", &nobody]);
     assert_eq!(code, Some(1), "{stderr}");
     assert!(stderr.contains("node 6 does not answer at"), "{stderr}");
-    // Node 2 answers, but its certificate proves it is node 2, not node 7.
-    let impostor = format!("7={}", cluster.addr(2));
-    let (code, stderr) = propose(&["--replace", &format!("3={impostor}")]);
+    // Something answers with node 2's certificate at a free address: it proves it is node 2, not
+    // node 7.
+    let node2 = keyhome::setup::identity_dir(&cluster.dir, &Role::Node(NodeId(2)));
+    let identity = pki::Identity::load(node2.join("cert.pem"), node2.join("key.pem")).unwrap();
+    let ca = pki::load_ca(cluster.dir.join("ca.pem")).unwrap();
+    let server = pki::server_config(&identity, &ca).unwrap();
+    let impostor = quinn::Endpoint::server(server, "127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let answering = tokio::spawn({
+        let endpoint = impostor.clone();
+        async move {
+            while let Some(incoming) = endpoint.accept().await {
+                let _ = incoming.await;
+            }
+        }
+    });
+    let replace = format!("3=7={}", impostor.local_addr().unwrap());
+    let (code, stderr) = propose(&["--replace", &replace]);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("node 7 does not answer at"), "{stderr}");
+    assert!(
+        stderr.contains("node 7 does not answer at") && stderr.contains("certificate is not node 7's"),
+        "{stderr}"
+    );
+    answering.abort();
 
-    // With --force the node still refuses an address a member has, and names that member.
+    // An address a member has is refused by the epoch's rule, naming that member, before any
+    // probe, and with --force too.
     let taken = format!("8={}", cluster.addr(2));
-    let (code, stderr) = propose(&["--add", &taken, "--force"]);
-    assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("is already used by node 2"), "{stderr}");
+    for force in [&[][..], &["--force"]] {
+        let (code, stderr) = propose(&[&["--add", &taken][..], force].concat());
+        assert_eq!(code, Some(1), "{stderr}");
+        assert!(stderr.contains("is already used by node 2"), "{stderr}");
+    }
 
     let status = cluster.status(1).await;
     assert_eq!(status.epoch, 1, "nothing was proposed: {status:?}");

@@ -10,13 +10,13 @@ use super::{Output, PeerMessage};
 use crate::activity::{MessageCounts, delegation_kind, epoch_kind};
 use crate::status::Counters;
 
-/// Most messages one part holds while an epoch write is not durable ([`Outbox::hold`]). A write
-/// takes a disk flush, in which a busy shard makes some hundreds; past this (a disk that stalls
-/// while peers and clients keep asking) further ones are dropped, counted in
-/// [`Counters::peer_dropped`], as the network may drop any: the delegation protocol resends what
-/// it needs, and a token check's answer that never comes times out. Held messages are a few
-/// hundred bytes each (a key is at most `limits.max_key_len`), so a part holds at most some MiB.
-pub(super) const MAX_HELD: usize = 4096;
+/// Most bytes of messages one part holds while an epoch write is not durable ([`Outbox::hold`]),
+/// counted as their encoded size plus an [`Output`]'s. A write takes a disk flush, in which a
+/// busy shard makes some hundreds of messages of a few hundred bytes; past this budget (a disk
+/// that stalls while peers and clients keep asking, with long keys and notes) further ones are
+/// dropped, counted in [`Counters::peer_dropped`], as the network may drop any: the delegation
+/// protocol resends what it needs, and a token check's answer that never comes times out.
+pub(super) const MAX_HELD_BYTES: usize = 1 << 20;
 
 /// The outputs of one part of the core, in the order it produced them, and what it counted.
 #[derive(Default)]
@@ -31,6 +31,8 @@ pub(super) struct Outbox {
     /// write is not durable yet (see [`Outbox::hold`]).
     holding: bool,
     held: Vec<Output>,
+    /// The bytes `held` counts against [`MAX_HELD_BYTES`].
+    held_bytes: usize,
 }
 
 impl Outbox {
@@ -49,14 +51,16 @@ impl Outbox {
         if matches!(message, PeerMessage::Delegation(_)) {
             self.counters.delegation_sent += 1;
         }
-        let output = Output::Transmit { to, message };
         if self.holding {
-            if self.held.len() < MAX_HELD {
-                self.held.push(output);
+            let bytes = held_size(&message);
+            if self.held_bytes + bytes <= MAX_HELD_BYTES {
+                self.held_bytes += bytes;
+                self.held.push(Output::Transmit { to, message });
             } else {
                 self.counters.peer_dropped += 1;
             }
         } else {
+            let output = Output::Transmit { to, message };
             self.queue.push_back(output);
         }
     }
@@ -66,9 +70,10 @@ impl Outbox {
         !self.held.is_empty()
     }
 
-    /// Whether messages for other nodes are being held.
-    pub fn holding(&self) -> bool {
-        self.holding
+    /// Whether [`Outbox::send`] would hold `message` now (rather than queue it, drop it over the
+    /// budget, or drop it because the node failed).
+    pub fn would_hold(&self, message: &PeerMessage) -> bool {
+        !self.failed && self.holding && self.held_bytes + held_size(message) <= MAX_HELD_BYTES
     }
 
     /// From now on holds the messages for other nodes (`true`: a key shard works under an epoch
@@ -78,6 +83,7 @@ impl Outbox {
         self.holding = hold;
         if !hold {
             self.queue.extend(self.held.drain(..));
+            self.held_bytes = 0;
         }
     }
 
@@ -99,6 +105,7 @@ impl Outbox {
     pub fn fail(&mut self) {
         self.failed = true;
         self.held.clear();
+        self.held_bytes = 0;
         self.queue.retain(|o| !matches!(o, Output::Transmit { .. } | Output::Persist { .. }));
     }
 
@@ -112,38 +119,47 @@ impl Outbox {
     }
 }
 
+/// What holding `message` costs, as [`MAX_HELD_BYTES`] counts it.
+fn held_size(message: &PeerMessage) -> usize {
+    let encoded = postcard::serialize_with_flavor(message, postcard::ser_flavors::Size::default());
+    std::mem::size_of::<Output>() + encoded.unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use keyhome_epoch::Body;
 
     use super::*;
 
-    fn catch_up(epoch: u64) -> PeerMessage {
-        PeerMessage::Epoch(EpochMessage { epoch, body: Body::CatchUp })
+    fn catch_up() -> PeerMessage {
+        PeerMessage::Epoch(EpochMessage { epoch: 7, body: Body::CatchUp })
     }
 
     /// A part that holds its messages (its epoch's write not durable yet) keeps at most
-    /// [`MAX_HELD`] of them, in order, counting the rest as dropped; they leave once it stops
-    /// holding, and later ones are not held.
+    /// [`MAX_HELD_BYTES`] of them, in order, counting the rest as dropped; they leave once it
+    /// stops holding, and later ones are not held.
     #[test]
     fn held_messages_are_bounded_and_leave_in_order() {
         let mut out = Outbox::default();
         out.hold(true);
-        for n in 0..MAX_HELD as u64 + 10 {
-            out.send(NodeId(2), catch_up(n));
+        let fits = (MAX_HELD_BYTES / held_size(&catch_up())) as u64;
+        for n in 0..fits + 10 {
+            assert_eq!(out.would_hold(&catch_up()), n < fits);
+            out.send(NodeId(n), catch_up());
         }
         assert_eq!(out.counters.peer_dropped, 10);
         assert!(out.pop().is_none(), "nothing leaves while held");
         out.hold(false);
-        out.send(NodeId(2), catch_up(u64::MAX));
-        let epochs: Vec<u64> = std::iter::from_fn(|| out.pop())
+        assert!(!out.would_hold(&catch_up()));
+        out.send(NodeId(u64::MAX), catch_up());
+        let to: Vec<u64> = std::iter::from_fn(|| out.pop())
             .map(|o| match o {
-                Output::Transmit { message: PeerMessage::Epoch(m), .. } => m.epoch,
+                Output::Transmit { to, .. } => to.0,
                 other => panic!("{other:?}"),
             })
             .collect();
-        let expected: Vec<u64> = (0..MAX_HELD as u64).chain([u64::MAX]).collect();
-        assert_eq!(epochs, expected);
-        assert_eq!(out.counters.peer_sent, MAX_HELD as u64 + 11);
+        let expected: Vec<u64> = (0..fits).chain([u64::MAX]).collect();
+        assert_eq!(to, expected);
+        assert_eq!(out.counters.peer_sent, fits + 11);
     }
 }

@@ -460,10 +460,15 @@ impl Shard {
             self.out.counters.local_delivered += 1;
             self.local.push_back(message);
         } else {
-            if self.observe_local && self.out.holding() {
-                self.out.push(Output::Observed { message: message.clone(), held: true });
+            let message = PeerMessage::Delegation(message);
+            // Reported only if it is held: one dropped over the hold's budget never leaves.
+            if let PeerMessage::Delegation(m) = &message
+                && self.observe_local
+                && self.out.would_hold(&message)
+            {
+                self.out.push(Output::Observed { message: m.clone(), held: true });
             }
-            self.out.send(to, PeerMessage::Delegation(message));
+            self.out.send(to, message);
         }
     }
 

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use keyhome::client::Client;
+use keyhome::wire::Proposal;
 use keyhome_epoch::{Change, Member, NodeId};
 
 use super::history::History;
@@ -159,15 +160,16 @@ impl Nemesis<'_> {
         self.history.log(format!("NEMESIS healed: {fault}"));
     }
 
-    /// An operator proposes `change` through some node other than `avoid`; returns whether it was
-    /// chosen.
+    /// An operator proposes `change` through some node other than `avoid`, forced (the node's
+    /// checks would refuse some of the nemesis's changes under the faults it makes, and the run is
+    /// meant to try them); returns whether it was chosen.
     async fn propose(&mut self, change: Change, avoid: u64) -> bool {
         let n = self.cluster.options.nodes;
         let via = avoid % n + 1;
         let profile = self.cluster.operator_profile(via);
         let outcome = async {
             let operator = Client::connect(&profile).await.map_err(|e| e.to_string())?;
-            operator.propose(change.clone()).await.map_err(|e| e.to_string())
+            operator.propose(Proposal::forced(change.clone())).await.map_err(|e| e.to_string())
         };
         let result = tokio::time::timeout(PROPOSE_TIMEOUT, outcome).await;
         match result {
