@@ -112,11 +112,12 @@ fn write_members(h: &mut String, s: &Status) -> std::fmt::Result {
         s.epoch
     )?;
     for m in &s.members {
-        let state = match (m.id == s.id, m.connected, m.unreachable_for) {
-            (true, _, _) => "<span class=\"ok\">this node</span>".to_string(),
-            (_, true, _) => "<span class=\"ok\">connected</span>".to_string(),
-            (_, false, Some(d)) => format!("<span class=\"bad\">unreachable for {}</span>", Human(d)),
-            (_, false, None) => "<span class=\"muted\">not tried yet</span>".to_string(),
+        let state = match (m.id == s.id, m.connected, m.unreachable_for, &m.refused) {
+            (true, ..) => "<span class=\"ok\">this node</span>".to_string(),
+            (_, true, ..) => "<span class=\"ok\">connected</span>".to_string(),
+            (_, false, _, Some(why)) => format!("<span class=\"bad\">refuses this node: {}</span>", esc(why)),
+            (_, false, Some(d), None) => format!("<span class=\"bad\">unreachable for {}</span>", Human(d)),
+            (_, false, None, None) => "<span class=\"muted\">not tried yet</span>".to_string(),
         };
         write!(
             h,

@@ -347,6 +347,8 @@ struct LinkState {
     state: AtomicU8,
     /// This node's clock (nanos) at the last change of `state`.
     since: AtomicU64,
+    /// The peer's reason, when it closed the last connection refusing this node.
+    refused: Mutex<Option<String>>,
 }
 
 const LINK_UNTRIED: u8 = 0;
@@ -367,11 +369,42 @@ impl LinkState {
         self.state.load(Ordering::Relaxed) == LINK_UP
     }
 
+    /// Records why the connection to `peer` ended, if the peer refused this node ([`refusal`]); logs
+    /// a refusal when it is new, so that a node the cluster no longer hears says why. Returns
+    /// whether it was refused.
+    fn closed(&self, peer: NodeId, addr: &str, end: Option<quinn::ConnectionError>) -> bool {
+        let now = end.as_ref().and_then(refusal);
+        let was_refused = now.is_some();
+        let mut refused = lock(&self.refused);
+        if *refused != now {
+            if let Some(why) = &now {
+                tracing::warn!(%peer, %addr, "node {peer} refuses this node: {why}");
+            }
+            *refused = now;
+        }
+        was_refused
+    }
+
+    fn refused(&self) -> bool {
+        lock(&self.refused).is_some()
+    }
+
     /// How long the link has been down at `now`; `None` while up or not tried yet.
     fn down_for(&self, now: Instant) -> Option<Duration> {
         (self.state.load(Ordering::Relaxed) == LINK_DOWN)
             .then(|| now.saturating_duration_since(Instant::from_nanos(self.since.load(Ordering::Relaxed))))
     }
+}
+
+/// The peer's reason, when it closed a connection because of who this node is or what it sent
+/// (not a member it knows, removed, another cluster, a frame it cannot read).
+fn refusal(end: &quinn::ConnectionError) -> Option<String> {
+    let quinn::ConnectionError::ApplicationClosed(close) = end else { return None };
+    let refusals = [CloseCode::NotMember, CloseCode::Mismatch, CloseCode::BadFrame, CloseCode::WrongRole];
+    refusals
+        .iter()
+        .any(|&code| close.error_code == code.into())
+        .then(|| String::from_utf8_lossy(&close.reason).into_owned())
 }
 
 /// A running node. Dropping it does not stop it; call [`Node::shutdown`].
@@ -720,7 +753,11 @@ impl Shared {
 
     fn spawn_link(self: &Arc<Self>, peer: NodeId) -> Link {
         let (tx, rx) = mpsc::channel(LINK_QUEUE);
-        let state = Arc::new(LinkState { state: AtomicU8::new(LINK_UNTRIED), since: AtomicU64::new(0) });
+        let state = Arc::new(LinkState {
+            state: AtomicU8::new(LINK_UNTRIED),
+            since: AtomicU64::new(0),
+            refused: Mutex::new(None),
+        });
         self.rt.spawn(run_link(Arc::clone(self), peer, rx, Arc::clone(&state)));
         Link { tx, state }
     }
@@ -783,6 +820,7 @@ impl Shared {
             if let Some(link) = links.get(&NodeId(m.id)) {
                 m.connected = link.state.up();
                 m.unreachable_for = link.state.down_for(now);
+                m.refused = lock(&link.state.refused).clone();
             }
         }
         drop(links);
@@ -1140,9 +1178,13 @@ async fn run_link(
         };
         match connect(&shared, peer, &addr).await {
             Ok((conn, mut send)) => {
-                backoff.reset();
                 link.set(LINK_UP, shared.clock.now());
-                tracing::info!(%peer, %addr, "peer up");
+                // A peer that refused this node is retried with backoff, and quietly.
+                if link.refused() {
+                    tracing::debug!(%peer, %addr, "peer up");
+                } else {
+                    tracing::info!(%peer, %addr, "peer up");
+                }
                 loop {
                     tokio::select! {
                         frame = rx.recv() => match frame {
@@ -1165,7 +1207,13 @@ async fn run_link(
                     }
                 }
                 link.set(LINK_DOWN, shared.clock.now());
-                tracing::info!(%peer, %addr, "peer down");
+                // A write fails, too, once the peer closed the connection.
+                if link.closed(peer, &addr, conn.close_reason()) {
+                    tracing::debug!(%peer, %addr, "peer down: it refuses this node");
+                } else {
+                    backoff.reset();
+                    tracing::info!(%peer, %addr, "peer down");
+                }
             }
             Err(e) => {
                 if link.set(LINK_DOWN, shared.clock.now()) {

@@ -222,6 +222,10 @@ pub struct MemberStatus {
     /// node has not tried to reach the member yet.
     #[serde(rename = "unreachable_for_ms", with = "crate::duration::as_millis_opt")]
     pub unreachable_for: Option<Duration>,
+    /// Why the member closed this node's last connection, when it refused it (this node is not
+    /// a member it knows, was removed, belongs to another cluster, or sent what it cannot read):
+    /// the member's own words. Shown while not connected.
+    pub refused: Option<String>,
 }
 
 impl Status {
@@ -238,11 +242,12 @@ impl std::fmt::Display for Status {
         writeln!(f, "node {} (incarnation {}), epoch {}", self.id, self.incarnation, self.epoch)?;
         writeln!(f, "members:")?;
         for m in &self.members {
-            let state = match (m.id == self.id, m.connected, m.unreachable_for) {
-                (true, _, _) => "self".to_string(),
-                (_, true, _) => "connected".to_string(),
-                (_, false, Some(d)) => format!("UNREACHABLE for {}", Human(d)),
-                (_, false, None) => "unreachable (not tried yet)".to_string(),
+            let state = match (m.id == self.id, m.connected, m.unreachable_for, &m.refused) {
+                (true, ..) => "self".to_string(),
+                (_, true, ..) => "connected".to_string(),
+                (_, false, _, Some(why)) => format!("REFUSES THIS NODE: {why}"),
+                (_, false, Some(d), None) => format!("UNREACHABLE for {}", Human(d)),
+                (_, false, None, None) => "unreachable (not tried yet)".to_string(),
             };
             writeln!(f, "  {:>6}  {:<24} {state}", m.id, m.addr)?;
         }
@@ -361,12 +366,19 @@ pub(crate) fn example() -> Status {
         incarnation: 3,
         epoch: 7,
         members: vec![
-            MemberStatus { id: 1, addr: "127.0.0.1:7101".into(), connected: true, unreachable_for: None },
+            MemberStatus {
+                id: 1,
+                addr: "127.0.0.1:7101".into(),
+                connected: true,
+                unreachable_for: None,
+                refused: None,
+            },
             MemberStatus {
                 id: 2,
                 addr: "127.0.0.1:7102".into(),
                 connected: false,
                 unreachable_for: Some(Duration::from_secs(42)),
+                refused: None,
             },
         ],
         home_lease_left: Some(Duration::from_millis(1500)),

@@ -1,6 +1,7 @@
 //! Operator mistakes the node and the CLI catch, with real processes: membership changes naming a
 //! member nobody can reach or an address in use, a second process started from a copy of a
-//! node's configuration, a store started with another cluster's genesis, and `keyhome dev` keeping the cluster up when one node is killed.
+//! node's configuration, a store started with another cluster's genesis, a removed node the
+//! members refuse, and `keyhome dev` keeping the cluster up when one node is killed.
 
 use keyhome_sim::cluster as harness;
 
@@ -17,6 +18,12 @@ async fn started() -> Cluster {
     let cluster = Cluster::start(Options::default());
     cluster.wait_ready(&cluster.ids(), 1).await;
     cluster
+}
+
+/// Kills node 3 and waits until node 1 sees it down.
+async fn kill_node_3(cluster: &mut Cluster) {
+    cluster.kill(3);
+    cluster.wait_status(1, "node 3 seen down", |s| s.members.iter().any(|m| m.id == 3 && !m.connected)).await;
 }
 
 /// A child process killed if the test ends first.
@@ -98,8 +105,7 @@ async fn membership_changes_naming_unreachable_members_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_that_leaves_no_reachable_majority_is_refused() {
     let mut cluster = started().await;
-    cluster.kill(3);
-    cluster.wait_status(1, "node 3 seen down", |s| s.members.iter().any(|m| m.id == 3 && !m.connected)).await;
+    kill_node_3(&mut cluster).await;
     let refused = cluster.operator(1).await.propose(Change::Remove(NodeId(2))).await.expect_err("refused");
     let text = refused.to_string();
     assert!(text.contains("would need 2 of its members 1, 3") && text.contains("unreachable: 3"), "{text}");
@@ -119,6 +125,45 @@ async fn a_change_that_leaves_no_reachable_majority_is_refused() {
     let (code, stderr) = propose("3");
     assert_eq!(code, Some(0), "the removal of the dead node goes through: {stderr}");
     assert_eq!(cluster.status(1).await.epoch, 2);
+}
+
+/// A node removed while it was down, started again after the rest of the cluster restarted too:
+/// the members no longer know its address, so they cannot tell it of its removal, and they refuse
+/// its connections. It says why, in `keyhome status` and its log: each member's reason, naming the
+/// epoch that removed it. (Before, its status showed the members as merely unreachable.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_started_after_a_full_restart_says_the_members_refuse_it() {
+    let mut cluster = started().await;
+    kill_node_3(&mut cluster).await;
+    let epoch = cluster.operator(1).await.propose(Change::Remove(NodeId(3))).await.expect("node 3 removed");
+    assert_eq!(epoch, 2);
+    // Both learn epoch 2 before they restart (a node that had only accepted it would start in
+    // epoch 1, still knowing node 3, and tell it of epoch 2 when it learns it).
+    cluster.wait_ready(&[1, 2], 2).await;
+    for id in [1, 2] {
+        cluster.kill(id);
+    }
+    for id in [1, 2] {
+        cluster.start_node(id);
+    }
+    cluster.wait_ready(&[1, 2], 2).await;
+    cluster.start_node(3);
+    let removed = "was removed from the cluster: epoch 2 retires it";
+    let status = cluster
+        .wait_status(3, "nodes 1 and 2 refuse node 3, saying why", |s| {
+            let refuses = |id: u64| {
+                s.members
+                    .iter()
+                    .any(|m| m.id == id && m.refused.as_deref().is_some_and(|r| r.contains(removed)))
+            };
+            refuses(1) && refuses(2)
+        })
+        .await;
+    assert_eq!(status.epoch, 1, "node 3 has not heard of epoch 2");
+    let shown = status.to_string();
+    assert!(shown.contains(&format!("REFUSES THIS NODE: node 3 {removed}")), "{shown}");
+    let log = std::fs::read_to_string(cluster.node_dir(3).join("node.log")).unwrap_or_default();
+    assert!(log.contains(&format!("node 1 refuses this node: node 3 {removed}")), "{log}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -167,6 +167,15 @@ impl Membership {
                 current.number
             ));
         }
+        if !self.known.contains(&peer) && claimed <= current.number && current.is_retired(peer) {
+            // Since this node started it has not known the removed node's address, so it cannot
+            // tell it of its removal; the reason reaches it in the close (`keyhome status` there).
+            return Err(format!(
+                "node {peer} was removed from the cluster: epoch {} retires it (add it back with \
+                 `keyhome epoch propose --add`, or stop it)",
+                current.number
+            ));
+        }
         if !self.known.contains(&peer) && claimed <= current.number {
             return Err(format!(
                 "node {peer} is not a member of any epoch this node knows (up to {})",

@@ -715,6 +715,7 @@ impl Core {
                     addr: m.addr.clone(),
                     connected: m.id == self.id,
                     unreachable_for: None,
+                    refused: None,
                 })
                 .collect(),
             home_lease_left,
