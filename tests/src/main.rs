@@ -33,7 +33,9 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 the epoch simulation, 3..=5 for the lock simulation)
   --threads T   worker threads (default: available cores)
   --bug NAME    switch off one epoch safety rule: acceptor-durability, renewal-cutoff,
-                activation-wait, epoch-floor, incarnation. Runs the epoch simulation only,
+                activation-wait, epoch-floor, incarnation; or stranger-majority (a node believes
+                a stranger's epoch only from a majority of its members: a liveness rule, seen as
+                NoProgress). Runs the epoch simulation only,
                 unless --locks is given too (the lock simulation with that rule off)
   --lock-bug NAME  switch off one delegation rule: deadline-from-receipt, no-rate-margin,
                 release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
