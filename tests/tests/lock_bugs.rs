@@ -160,6 +160,17 @@ fn a_handover_adopted_after_the_activation_is_caught() {
 }
 
 #[test]
+fn a_handover_adopted_after_the_activation_is_caught_in_a_scripted_run() {
+    // The same, scripted (`pinned::late_handover_scripted`): the old home's Handover, resent
+    // while nothing it sends gets out, reaches the new home after it granted the key and the
+    // grant expired.
+    let bugs = keyhome_delegation::Bugs { late_handover: true, ..Default::default() };
+    let violations = pinned::late_handover_scripted(bugs);
+    assert!(violations.iter().any(|v| v.kind == LockKind::Handoff), "{violations:?}");
+    println!("late-handover (scripted): {}", violations[0]);
+}
+
+#[test]
 fn a_restarted_holder_that_hands_back_its_earlier_runs_grant_is_caught() {
     // The home frees the key while the earlier run's handle is inside its told deadline.
     pinned_seeds_fail(&pinned::RESTART_HANDS_BACK);

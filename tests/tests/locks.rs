@@ -79,10 +79,17 @@ fn assert_pin_clean(pin: &Pin) {
 /// (`Handoff`, found in a 20 000-seed run), which by 2026-12-08 passed with the old condition put
 /// back (`--lock-bug late-handover`) too; now seed 12542, which fails with it (`Handoff`: the
 /// previous epoch's note handed to the next holder), as
-/// `lock_bugs::a_handover_adopted_after_the_activation_is_caught` checks.
+/// `lock_bugs::a_handover_adopted_after_the_activation_is_caught` checks; and a scripted run
+/// (`pinned::late_handover_scripted`: the old home cut off on its way out until the new home
+/// has granted the key and seen it expire) that is clean here and fails with the switch
+/// (`Handoff at 1.776683 s: key k7: node 3 admitted 2.1.2.0 not flagged recovered after 2.1.1.0
+/// on node 2 ended .. Expired`), as `a_handover_adopted_after_the_activation_is_caught_in_a_scripted_run`
+/// checks.
 #[test]
 fn a_late_handover_after_activation_is_not_adopted() {
     assert_pin_clean(&pinned::LATE_HANDOVER);
+    let violations = pinned::late_handover_scripted(Default::default());
+    assert!(violations.is_empty(), "{violations:?}");
 }
 
 /// Three holder fixes (`delegation/src/holder.rs`), each pinned by seeds that fail with its bug
