@@ -34,12 +34,28 @@ pub struct Bugs {
     /// Home: a successor granted ahead and credited again when its request is resent keeps the
     /// end of its first grant ahead, while the predecessor is told the larger lease.
     pub stale_credit_end: bool,
+    /// Home: adopts a `Handover` whenever it has no record of the key, also once the activation
+    /// wait of its epoch is over (it may have granted the key and forgotten it since the
+    /// Handover left, so the handed note is stale).
+    pub late_handover: bool,
+    /// Holder: a grant answering a request of an earlier run of this node is handed back
+    /// (flagged `recovered`), so the home may free the key while that run's handles are inside
+    /// the deadlines their owners were told.
+    pub restart_hands_back: bool,
+    /// Holder: an ended delegation is remembered only to its deadline (or its expiry) plus a
+    /// lease, not while an answer to one of its requests may still arrive, so a late duplicate
+    /// of a renewal's grant is handed back as a clean release.
+    pub short_past: bool,
+    /// Holder: a renewal's deadline counts from its request's send instant even when that is
+    /// earlier than the deadline held, so a shorter lease cuts a local handle below the deadline
+    /// its owner was told.
+    pub renewal_shortens: bool,
 }
 
 impl Bugs {
     /// The switches' names, as the lock simulation and a bug-injected node's `KEYHOME_INJECT_BUG`
     /// spell them.
-    pub const NAMES: [&'static str; 10] = [
+    pub const NAMES: [&'static str; 14] = [
         "deadline-from-receipt",
         "no-rate-margin",
         "release-before-revoke",
@@ -50,6 +66,10 @@ impl Bugs {
         "no-outbox-hold",
         "unshrunk-credit",
         "stale-credit-end",
+        "late-handover",
+        "restart-hands-back",
+        "short-past",
+        "renewal-shortens",
     ];
 
     /// Turns on the switch named `name` (one of [`Bugs::NAMES`]); returns false for any other name.
@@ -65,6 +85,10 @@ impl Bugs {
             "no-outbox-hold" => self.no_outbox_hold = true,
             "unshrunk-credit" => self.unshrunk_credit = true,
             "stale-credit-end" => self.stale_credit_end = true,
+            "late-handover" => self.late_handover = true,
+            "restart-hands-back" => self.restart_hands_back = true,
+            "short-past" => self.short_past = true,
+            "renewal-shortens" => self.renewal_shortens = true,
             _ => return false,
         }
         true

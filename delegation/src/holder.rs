@@ -331,6 +331,9 @@ struct Io {
     tomb_order: VecDeque<u64>,
     out: VecDeque<(NodeId, Message)>,
     events: VecDeque<Event>,
+    /// The injected bug `Bugs::short_past` (false without the `bug-injection` feature): an
+    /// ended delegation's past forgets how long answers to its requests may still arrive.
+    short_past: bool,
 }
 
 #[derive(Debug)]
@@ -488,6 +491,7 @@ impl Holder {
         config.resend = config.resend.max(MIN_INTERVAL);
         let serials = Serials { first: config.serials.first.max(1), step: config.serials.step.max(1) };
         let _ = now;
+        let short_past = config.bugs().short_past;
         Holder {
             config,
             index: HashTable::new(),
@@ -509,6 +513,7 @@ impl Holder {
                 tomb_order: VecDeque::new(),
                 out: VecDeque::new(),
                 events: VecDeque::new(),
+                short_past,
             },
         }
     }
@@ -1182,7 +1187,8 @@ impl Holder {
                     }
                     d.home = from;
                     d.lease = lease;
-                    d.deadline = d.deadline.max(deadline);
+                    d.deadline =
+                        if config.bugs().renewal_shortens { deadline } else { d.deadline.max(deadline) };
                     d.renew_at = r.sent_at + lease / 2;
                     d.answers_until = d.answers_until.max(r.sent_at + r.lease);
                     if renewed && let Some(local) = &mut e.local {
@@ -1268,7 +1274,13 @@ impl Holder {
         let (note, recovered) = match e.and_then(|e| e.past.as_ref()).filter(|p| p.grantee == g.grantee) {
             Some(p) if p.released => return,
             Some(_) => (None, true),
-            None if !self.io.issued_this_run(g.id) => return,
+            None if !self.io.issued_this_run(g.id) => {
+                if !self.config.bugs().restart_hands_back {
+                    return;
+                }
+                // The injected bug: hand the earlier run's grant back, as before the fix.
+                (g.note, true)
+            }
             None => (g.note, g.recovered),
         };
         if self.io.grant_live(g.id, g.lease, now) {
@@ -1493,6 +1505,12 @@ impl Io {
     }
 
     /// Whether request `id` was sent by this run of the node.
+    /// How long an answer to one of an ended delegation's requests may still arrive live:
+    /// `answers_until` (with the injected bug `short_past`, no longer than its `deadline`).
+    fn answers_until(&self, deadline: Instant, answers_until: Instant) -> Instant {
+        if self.short_past { deadline } else { answers_until }
+    }
+
     fn issued_this_run(&self, id: RequestId) -> bool {
         self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
     }
@@ -1691,7 +1709,7 @@ impl Entry {
             recovered,
             passed,
             next_seq: d.next_seq,
-            until: (d.deadline + d.lease).max(d.answers_until),
+            until: (d.deadline + d.lease).max(io.answers_until(d.deadline, d.answers_until)),
         });
         self.forget_renewal();
         self.retry_at = now;
@@ -1710,7 +1728,7 @@ impl Entry {
             recovered: true,
             passed: None,
             next_seq: d.next_seq,
-            until: (now + d.lease).max(d.answers_until),
+            until: (now + d.lease).max(io.answers_until(d.deadline, d.answers_until)),
         });
         self.forget_renewal();
         self.retry_at = now;

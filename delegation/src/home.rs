@@ -1345,7 +1345,7 @@ impl Home {
             // record" is dropped), even if it has lost its lease now: the handed state is stale,
             // and no longer needed either (the wait outlasts every delegation of the previous
             // epoch).
-            && !auth.activation_passed(now);
+            && (!auth.activation_passed(now) || self.bugs().late_handover);
         if adopt {
             let ppm = auth.timing().clock_rate_ppm;
             let k = self.keys.create(found.hash, Box::from(key.as_slice()));

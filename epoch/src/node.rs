@@ -15,7 +15,7 @@
 //! lease requests and grants under a new epoch follow the write of that epoch (the floor), and
 //! nothing at all leaves before the incarnation of the run is durable.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
 use keyhome_ring::{KeyDigest, NodeId};
@@ -52,6 +52,11 @@ pub struct Bugs {
     /// A lease of an earlier epoch lets a node grant a key although that epoch's delegations were
     /// shorter than the current epoch's, which the home grants.
     pub delegation_lease_of_current_epoch: bool,
+    /// A node the current epoch does not name is believed only once a majority of the members of
+    /// the record it tells have told it (the rule of `e206479`, reverted in `b7d685a`): a spare
+    /// added to a 2-member epoch by a member of the epoch before, a stranger to it, may then
+    /// never learn its epoch, and changes stop (a liveness promise, not safety).
+    pub stranger_majority: bool,
 }
 
 /// Settings of one node's epoch core that are not part of the epoch record.
@@ -201,6 +206,10 @@ pub struct EpochNode {
     announced: u32,
     /// Last catch-up request: which epoch it asked past, and when.
     last_catch_up: Option<(u64, Instant)>,
+    /// With the injected bug `stranger_majority` only: later epochs told by nodes the current
+    /// epoch does not name, each sender's latest (see [`EpochNode::told_by_majority`]). Emptied
+    /// when an epoch is learned.
+    told: HashMap<NodeId, EpochRecord>,
     /// Messages to self, handled before control returns to the driver.
     local: VecDeque<Body>,
     /// Replies to self (the own votes and lease grant) produced while a write was pending: like
@@ -246,6 +255,7 @@ impl EpochNode {
             announce_at: now,
             announced: 0,
             last_catch_up: None,
+            told: HashMap::new(),
             local: VecDeque::new(),
             local_gated: Vec::new(),
             out: Ready::default(),
@@ -561,7 +571,12 @@ impl EpochNode {
                 // A retired node's certificate tells of no epoch (it may be in other hands now);
                 // members tell this node what it missed.
                 if record.number > current && record.validate().is_ok() && !self.current().is_retired(from) {
-                    self.learn(now, record, &[]);
+                    let believed = !self.bugs().stranger_majority
+                        || self.current().is_member(from)
+                        || self.told_by_majority(from, &record);
+                    if believed {
+                        self.learn(now, record, &[]);
+                    }
                 } else if epoch < current || (epoch == current && record.number == current) {
                     // Already known: say so, which ends the sender's announcements to this node
                     // (and fetches anything newer it has).
@@ -651,10 +666,24 @@ impl EpochNode {
 
     // ---- learning and activation ----
 
+    /// The injected bug `stranger_majority`: whether `record` (later than the current epoch,
+    /// valid), now told by `from`, a node the current epoch does not name, names this node and
+    /// `from` and has been told by a majority of its own members (this node not counted).
+    fn told_by_majority(&mut self, from: NodeId, record: &EpochRecord) -> bool {
+        let me = self.config.id;
+        if from == me || !record.is_member(me) || !record.is_member(from) {
+            return false;
+        }
+        self.told.insert(from, record.clone());
+        let tellers = self.told.values().filter(|told| *told == record).count();
+        tellers > record.members.len() / 2
+    }
+
     /// Adopts a chosen epoch newer than the current one, and broadcasts it to `announce` first:
     /// the broadcast carries the new epoch (telling every receiver this node knows it) and leaves
     /// before this node's lease requests under it.
     fn learn(&mut self, now: Instant, record: EpochRecord, announce: &[NodeId]) {
+        self.told.clear();
         if !self.bugs().no_epoch_floor {
             self.write(Write::Epoch(record.clone()));
         }

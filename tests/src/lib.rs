@@ -26,7 +26,7 @@ pub mod scenario;
 pub mod world;
 
 pub use check::{Kind, Violation};
-pub use scenario::{BUG_NAMES, Options, Scenario, bug_switch};
+pub use scenario::{BUG_NAMES, Options, SPARE_LEARNS_FROM_A_STRANGER, Scenario, bug_switch};
 pub use world::{Stats, World};
 
 /// The outcome of one seed.

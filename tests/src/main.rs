@@ -33,7 +33,9 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 the epoch simulation, 3..=5 for the lock simulation)
   --threads T   worker threads (default: available cores)
   --bug NAME    switch off one epoch safety rule: acceptor-durability, renewal-cutoff,
-                activation-wait, epoch-floor, incarnation. Runs the epoch simulation only,
+                activation-wait, epoch-floor, incarnation; or stranger-majority (a node believes
+                a stranger's epoch only from a majority of its members: a liveness rule, seen as
+                NoProgress). Runs the epoch simulation only,
                 unless --locks is given too (the lock simulation with that rule off)
   --lock-bug NAME  switch off one delegation rule: deadline-from-receipt, no-rate-margin,
                 release-before-revoke, no-quarantine, ignore-activation, shared-serials (a node's key
@@ -41,7 +43,11 @@ exactly as when run alone. A seed passes only if both pass; violations count bot
                 holder passed the key to), no-outbox-hold (key shards send messages under an
                 epoch not yet durable), unshrunk-credit (a grant's credit for the wait in line
                 not shrunk by the rate bound), stale-credit-end (a successor credited again keeps
-                its first end), incarnation,
+                its first end), late-handover (a home adopts a handover after its activation
+                wait), restart-hands-back (a holder hands back a grant answering an earlier
+                run's request), short-past (a holder forgets an ended delegation before its
+                late answers can arrive), renewal-shortens (a renewal's shorter lease brings a
+                handle's deadline earlier), incarnation,
                 delegation-bound (an earlier epoch's lease lets a home grant the current
                 epoch's longer delegations); or one
                 epoch-change rule, caught only with --calm: no-handover (homes adopt no

@@ -44,8 +44,14 @@ pub struct Options {
 }
 
 /// The names of the safety rules a run can switch off, as `--bug` takes them.
-pub const BUG_NAMES: [&str; 5] =
-    ["acceptor-durability", "renewal-cutoff", "activation-wait", "epoch-floor", "incarnation"];
+pub const BUG_NAMES: [&str; 6] = [
+    "acceptor-durability",
+    "renewal-cutoff",
+    "activation-wait",
+    "epoch-floor",
+    "incarnation",
+    "stranger-majority",
+];
 
 /// The switch for the rule named `name` (one of [`BUG_NAMES`]).
 pub fn bug_switch(name: &str) -> Option<Bugs> {
@@ -56,10 +62,18 @@ pub fn bug_switch(name: &str) -> Option<Bugs> {
         "activation-wait" => bugs.skip_activation_wait = true,
         "epoch-floor" => bugs.no_epoch_floor = true,
         "incarnation" => bugs.volatile_incarnation = true,
+        "stranger-majority" => bugs.stranger_majority = true,
         _ => return None,
     }
     Some(bugs)
 }
+
+/// Epoch seeds pinned by `tests/simulation.rs`
+/// (`a_spare_learns_its_epoch_from_a_member_of_the_epoch_before`): a spare added to a 2-member
+/// epoch learns it only from a member of the epoch before, a stranger to it. Each fails with
+/// `--bug stranger-majority` (`NoProgress`), which `tests/injected_bugs.rs` checks, so the pin
+/// can fail.
+pub const SPARE_LEARNS_FROM_A_STRANGER: [u64; 1] = [1169];
 
 /// One scheduled happening.
 #[derive(Clone, Debug)]

@@ -12,6 +12,10 @@
 //! (`delegation-bound`) needs an interleaving random seeds have not hit: a scripted run of the
 //! node cores shows it instead.
 //!
+//! Four rules whose breach random seeds hit rarely (`late-handover`, `restart-hands-back`,
+//! `short-past`, `renewal-shortens`) are shown on the seeds `tests/locks.rs` pins for them
+//! (`keyhome_sim::locks::pinned`): each must fail with its rule off, so those pins can fail.
+//!
 //! The two epoch-change rules the simulation switches off in its own authority wrapper
 //! (`no-handover`, `same-home-wait`) break promises about pauses, not safety: calm runs
 //! (`LockOptions::calm`, no faults) catch them as `ChangePause`.
@@ -19,6 +23,7 @@
 use std::time::Duration;
 
 use keyhome_epoch::{Change, NodeId, Timing};
+use keyhome_sim::locks::pinned::{self, Pin};
 use keyhome_sim::locks::{
     LockKind, LockOptions, LockScenario, LockViolation, LockWorld, lock_bug, run_lock_seeds,
 };
@@ -125,6 +130,62 @@ fn an_incarnation_that_is_not_durable_is_caught() {
     // would fail to increase next (`TokenOrder`, `FenceRegression`), which is how the lock
     // simulation caught it before it fed that check (109 of 200 seeds).
     caught("incarnation", &[LockKind::Epoch(keyhome_sim::Kind::ReusedIncarnation)]);
+}
+
+/// Runs the seeds of `pin` with its bug switched on: each must fail, first with a violation of
+/// one of the kinds the pin names. This is what keeps the seeds `tests/locks.rs` pins (and runs
+/// with the rule on) able to fail.
+fn pinned_seeds_fail(pin: &Pin) {
+    for r in pin.run(true) {
+        let Some(v) = r.violations.first() else {
+            panic!("with {}, pinned seed {} found no violation: the pin is stale", pin.bug, r.seed)
+        };
+        assert!(
+            pin.kinds.contains(&v.kind),
+            "{}: seed {} found {v}, expected {:?}",
+            pin.bug,
+            r.seed,
+            pin.kinds
+        );
+        println!("{}: seed {} finds {v}", pin.bug, r.seed);
+    }
+}
+
+#[test]
+fn a_handover_adopted_after_the_activation_is_caught() {
+    // The new home, active for the key, granted it, forgot it after an expiry, and adopted the
+    // old home's late Handover: the next holder gets the previous epoch's note (`Handoff`). Rare:
+    // one of 20 000 `--locks` seeds; the search here runs the pinned seed.
+    pinned_seeds_fail(&pinned::LATE_HANDOVER);
+}
+
+#[test]
+fn a_handover_adopted_after_the_activation_is_caught_in_a_scripted_run() {
+    // The same, scripted (`pinned::late_handover_scripted`): the old home's Handover, resent
+    // while nothing it sends gets out, reaches the new home after it granted the key and the
+    // grant expired.
+    let bugs = keyhome_delegation::Bugs { late_handover: true, ..Default::default() };
+    let violations = pinned::late_handover_scripted(bugs);
+    assert!(violations.iter().any(|v| v.kind == LockKind::Handoff), "{violations:?}");
+    println!("late-handover (scripted): {}", violations[0]);
+}
+
+#[test]
+fn a_restarted_holder_that_hands_back_its_earlier_runs_grant_is_caught() {
+    // The home frees the key while the earlier run's handle is inside its told deadline.
+    pinned_seeds_fail(&pinned::RESTART_HANDS_BACK);
+}
+
+#[test]
+fn a_holder_that_forgets_a_delegation_before_its_late_answers_is_caught() {
+    // A late grant of the ended delegation is handed back as a clean release.
+    pinned_seeds_fail(&pinned::SHORT_PAST);
+}
+
+#[test]
+fn a_renewal_that_brings_a_handle_deadline_earlier_is_caught() {
+    // The handle is cut below the deadline its client was told.
+    pinned_seeds_fail(&pinned::RENEWAL_SHORTENS);
 }
 
 /// Searches calm seeds from 0 until the first violation, which must be a `ChangePause`.

@@ -18,6 +18,7 @@ use std::ops::Range;
 pub mod check;
 pub mod contend;
 pub mod handover;
+pub mod pinned;
 pub mod scenario;
 pub mod world;
 
@@ -64,7 +65,7 @@ pub struct SimBugs {
 }
 
 /// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 12] = [
+pub const LOCK_BUG_NAMES: [&str; 18] = [
     "deadline-from-receipt",
     "no-rate-margin",
     "release-before-revoke",
@@ -73,6 +74,12 @@ pub const LOCK_BUG_NAMES: [&str; 12] = [
     "shared-serials",
     "forget-passes",
     "no-outbox-hold",
+    "unshrunk-credit",
+    "stale-credit-end",
+    "late-handover",
+    "restart-hands-back",
+    "short-past",
+    "renewal-shortens",
     "incarnation",
     "delegation-bound",
     "no-handover",

@@ -1651,6 +1651,11 @@ impl LockWorld {
         self.links.partition(side, one_way);
     }
 
+    /// Scripted: restores every link.
+    pub fn script_heal(&mut self) {
+        self.links.heal();
+    }
+
     /// The epoch node `node` is in.
     pub fn epoch_of(&self, node: usize) -> Option<u64> {
         self.slots[node].core.as_ref().map(|c| c.current().number)
