@@ -1504,13 +1504,13 @@ impl Io {
         id
     }
 
-    /// Whether request `id` was sent by this run of the node.
     /// How long an answer to one of an ended delegation's requests may still arrive live:
     /// `answers_until` (with the injected bug `short_past`, no longer than its `deadline`).
     fn answers_until(&self, deadline: Instant, answers_until: Instant) -> Instant {
         if self.short_past { deadline } else { answers_until }
     }
 
+    /// Whether request `id` was sent by this run of the node.
     fn issued_this_run(&self, id: RequestId) -> bool {
         self.issued.is_some_and(|(first, last)| (first..=last).contains(&id))
     }
