@@ -461,7 +461,8 @@ async fn a_member_heard_of_before_its_epoch_is_reached_once_it_is_learned() {
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("an address for node 4");
     let addr4 = silent.local_addr().unwrap();
     let member4 = keyhome_epoch::Member { id: NodeId(4), addr: addr4.to_string() };
-    let epoch = cluster.operator(2).await.propose(Change::Add(member4)).await.expect("node 4 added");
+    let forced = keyhome::wire::Proposal::forced(Change::Add(member4));
+    let epoch = cluster.operator(2).await.propose(forced).await.expect("node 4 added");
     assert_eq!(epoch, 2);
     // Node 1 comes back while nobody can tell it of epoch 2.
     cluster.pause(2);
