@@ -11,11 +11,10 @@ use crate::activity::{MessageCounts, delegation_kind, epoch_kind};
 use crate::status::Counters;
 
 /// Most bytes of messages one part holds while an epoch write is not durable ([`Outbox::hold`]),
-/// counted as their encoded size plus an [`Output`]'s. A write takes a disk flush, in which a
-/// busy shard makes some hundreds of messages of a few hundred bytes; past this budget (a disk
-/// that stalls while peers and clients keep asking, with long keys and notes) further ones are
-/// dropped, counted in [`Counters::peer_dropped`], as the network may drop any: the delegation
-/// protocol resends what it needs, and a token check's answer that never comes times out.
+/// counted as their encoded size plus an [`Output`]'s. A write takes one disk flush; past this
+/// budget (a disk that stalls while peers and clients keep asking) further ones are dropped,
+/// counted in [`Counters::peer_dropped`], as the network may drop any: the delegation protocol
+/// resends what it needs, and a token check's answer that never comes times out.
 pub(super) const MAX_HELD_BYTES: usize = 1 << 20;
 
 /// The outputs of one part of the core, in the order it produced them, and what it counted.
@@ -41,28 +40,29 @@ impl Outbox {
         self.queue.push_back(output);
     }
 
-    /// Queues `message` for `to`, unless the node failed.
-    pub fn send(&mut self, to: NodeId, message: PeerMessage) {
+    /// Queues `message` for `to`, unless the node failed; returns whether it is held (see
+    /// [`Outbox::hold`]), rather than queued or dropped.
+    pub fn send(&mut self, to: NodeId, message: PeerMessage) -> bool {
         if self.failed {
-            return;
+            return false;
         }
         self.counters.peer_sent += 1;
         self.messages.sent(&message);
         if matches!(message, PeerMessage::Delegation(_)) {
             self.counters.delegation_sent += 1;
         }
-        if self.holding {
-            let bytes = held_size(&message);
-            if self.held_bytes + bytes <= MAX_HELD_BYTES {
-                self.held_bytes += bytes;
-                self.held.push(Output::Transmit { to, message });
-            } else {
-                self.counters.peer_dropped += 1;
-            }
-        } else {
-            let output = Output::Transmit { to, message };
-            self.queue.push_back(output);
+        if !self.holding {
+            self.queue.push_back(Output::Transmit { to, message });
+            return false;
         }
+        let bytes = held_size(&message);
+        if self.held_bytes + bytes > MAX_HELD_BYTES {
+            self.counters.peer_dropped += 1;
+            return false;
+        }
+        self.held_bytes += bytes;
+        self.held.push(Output::Transmit { to, message });
+        true
     }
 
     /// Whether any message for another node is held now.
@@ -70,10 +70,9 @@ impl Outbox {
         !self.held.is_empty()
     }
 
-    /// Whether [`Outbox::send`] would hold `message` now (rather than queue it, drop it over the
-    /// budget, or drop it because the node failed).
-    pub fn would_hold(&self, message: &PeerMessage) -> bool {
-        !self.failed && self.holding && self.held_bytes + held_size(message) <= MAX_HELD_BYTES
+    /// Whether messages for other nodes are being held.
+    pub fn holding(&self) -> bool {
+        self.holding
     }
 
     /// From now on holds the messages for other nodes (`true`: a key shard works under an epoch
@@ -144,14 +143,12 @@ mod tests {
         out.hold(true);
         let fits = (MAX_HELD_BYTES / held_size(&catch_up())) as u64;
         for n in 0..fits + 10 {
-            assert_eq!(out.would_hold(&catch_up()), n < fits);
-            out.send(NodeId(n), catch_up());
+            assert_eq!(out.send(NodeId(n), catch_up()), n < fits);
         }
         assert_eq!(out.counters.peer_dropped, 10);
         assert!(out.pop().is_none(), "nothing leaves while held");
         out.hold(false);
-        assert!(!out.would_hold(&catch_up()));
-        out.send(NodeId(u64::MAX), catch_up());
+        assert!(!out.send(NodeId(u64::MAX), catch_up()), "queued, not held");
         let to: Vec<u64> = std::iter::from_fn(|| out.pop())
             .map(|o| match o {
                 Output::Transmit { to, .. } => to.0,

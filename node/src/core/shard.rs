@@ -460,15 +460,13 @@ impl Shard {
             self.out.counters.local_delivered += 1;
             self.local.push_back(message);
         } else {
-            let message = PeerMessage::Delegation(message);
+            let observed = (self.observe_local && self.out.holding()).then(|| message.clone());
             // Reported only if it is held: one dropped over the hold's budget never leaves.
-            if let PeerMessage::Delegation(m) = &message
-                && self.observe_local
-                && self.out.would_hold(&message)
+            if self.out.send(to, PeerMessage::Delegation(message))
+                && let Some(message) = observed
             {
-                self.out.push(Output::Observed { message: m.clone(), held: true });
+                self.out.push(Output::Observed { message, held: true });
             }
-            self.out.send(to, message);
         }
     }
 

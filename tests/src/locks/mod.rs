@@ -64,29 +64,8 @@ pub struct SimBugs {
     pub same_home_wait: bool,
 }
 
-/// The names of the safety rules a lock run can switch off, as `--lock-bug` takes them.
-pub const LOCK_BUG_NAMES: [&str; 18] = [
-    "deadline-from-receipt",
-    "no-rate-margin",
-    "release-before-revoke",
-    "no-quarantine",
-    "ignore-activation",
-    "shared-serials",
-    "forget-passes",
-    "no-outbox-hold",
-    "unshrunk-credit",
-    "stale-credit-end",
-    "late-handover",
-    "restart-hands-back",
-    "short-past",
-    "renewal-shortens",
-    "incarnation",
-    "delegation-bound",
-    "no-handover",
-    "same-home-wait",
-];
-
-/// Options with the rule named `name` (one of [`LOCK_BUG_NAMES`]) switched off.
+/// Options with the rule named `name` (one of `Bugs::NAMES`, or a rule of the epoch core or the
+/// simulation's glue below) switched off; `None` for any other name.
 pub fn lock_bug(name: &str, mut options: LockOptions) -> Option<LockOptions> {
     match name {
         "incarnation" => options.epoch_bugs.volatile_incarnation = true,
